@@ -1,0 +1,50 @@
+# Strata developer entry points. `make test` and `make demo` work on a fresh machine:
+# they create .venv, install the project, and build the test control plane into bin/.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN ?= bin
+
+.PHONY: venv cluster-bins lint test test-fast demo bench crds crds-check clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
+# Skipped when bin/ is current, or when KUBEBUILDER_ASSETS points at binaries you already have.
+cluster-bins:
+	@if [ -n "$$KUBEBUILDER_ASSETS" ]; then echo "cluster-bins: using KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS"; \
+	else tools/clusterbins/build.sh $(abspath $(BIN)); fi
+
+lint: venv
+	$(VENV)/bin/ruff check strata operator worker tests bench
+	$(VENV)/bin/ruff format --check strata operator worker tests bench
+	$(VENV)/bin/mypy strata tests bench
+
+test: venv cluster-bins lint
+	$(VENV)/bin/pytest -q -ra
+
+# Unit tests only: no control plane, no slow model runs.
+test-fast: venv
+	$(VENV)/bin/pytest -q -m "not cluster and not slow"
+
+demo: venv cluster-bins
+	$(VENV)/bin/strata demo
+
+bench: venv cluster-bins
+	$(PY) -m bench $(BENCH)
+
+crds: venv
+	$(VENV)/bin/strata crds generate
+
+crds-check: venv
+	$(VENV)/bin/strata crds check
+
+clean:
+	rm -rf $(VENV) $(BIN) .mypy_cache .ruff_cache .pytest_cache

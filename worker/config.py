@@ -1,0 +1,127 @@
+"""The worker's configuration file schema.
+
+The worker owns this schema; the operator renders it into a ConfigMap (as YAML) and mounts it
+at ``/etc/strata/worker.yaml``. The engine reads ``model``, ``engine`` and ``server``; the KV-tier
+sidecar reads ``kvtier``; both read ``cache_namespace``. Must never import torch: the operator
+imports it to render configs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EvictionPolicy = Literal["lru", "prefix-aware"]
+WriteMode = Literal["write-through", "write-back"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    name: str = Field(min_length=1, description="Served model name, as clients pass it in `model`.")
+    path: str = Field(min_length=1, description="Local directory with config.json and *.safetensors.")
+    dtype: Dtype = Field("float32", description="Weights and KV-cache dtype.")
+    max_context_tokens: int = Field(4096, ge=16, description="Prompt plus generated tokens per request.")
+
+
+class EngineConfig(_Strict):
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` picks CUDA when present.")
+    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
+    num_gpu_blocks: int | None = Field(
+        None, ge=1, description="KV blocks in device memory; None sizes it from `kv_memory_fraction`."
+    )
+    kv_memory_fraction: float = Field(
+        0.9, gt=0, le=1, description="Share of free device memory (after weights) given to KV blocks."
+    )
+    cpu_kv_bytes: int = Field(
+        512 * 2**20, ge=1, description="KV memory on the CPU device, where free memory is not meaningful."
+    )
+    max_num_seqs: int = Field(64, ge=1, description="Most sequences in one batch.")
+    max_batched_tokens: int = Field(2048, ge=16, description="Token budget per scheduler step (chunked prefill).")
+    max_queue_len: int = Field(256, ge=0, description="Waiting requests beyond this are refused with 429.")
+    queue_timeout_s: float = Field(
+        30.0, gt=0, description="A request still waiting after this long is refused with 429 and Retry-After."
+    )
+    default_priority: int = Field(0, description="Priority of requests that do not set one (higher first).")
+    seed: int = Field(0, description="Seed for sampling.")
+
+
+class ServerConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port: OpenAI API, /health, /ready, /metrics.")
+
+
+class DramTierConfig(_Strict):
+    capacity_bytes: int = Field(0, ge=0, description="Bytes of shared memory for warm KV blocks; 0 disables.")
+    shm_path: str = Field("/dev/shm/strata-kv", description="File in the pod's memory-backed emptyDir.")
+    eviction: EvictionPolicy = "prefix-aware"
+
+
+class NvmeTierConfig(_Strict):
+    capacity_bytes: int = Field(0, ge=0, description="Bytes on the local NVMe volume for cold KV; 0 disables.")
+    path: str = Field("/var/cache/strata/nvme", description="Directory on the local NVMe volume.")
+    eviction: EvictionPolicy = "prefix-aware"
+    admit_after_hits: int = Field(
+        1, ge=0, description="Write a block to NVMe only once it was seen this many times before (SSD wear)."
+    )
+    persistent: bool = Field(False, description="Keep and reload the index across sidecar restarts.")
+    io_threads: int = Field(4, ge=1, le=64)
+
+
+class SharedTierConfig(_Strict):
+    enabled: bool = False
+    path: str = Field("/var/cache/strata/shared", description="Directory on a ReadWriteMany volume.")
+    capacity_bytes: int = Field(0, ge=0, description="Bytes this worker may use in the shared tier.")
+
+
+class KVTierConfig(_Strict):
+    enabled: bool = Field(False, description="Run with the KV-tier sidecar; off means HBM-only caching.")
+    socket_path: str = Field("/run/strata/kvtier.sock", description="Unix socket of the sidecar's protocol.")
+    dram: DramTierConfig = DramTierConfig()
+    nvme: NvmeTierConfig = NvmeTierConfig()
+    shared: SharedTierConfig = SharedTierConfig()
+    write_mode: WriteMode = Field(
+        "write-back", description="write-through stores each block down every tier at once."
+    )
+    retention_s: float | None = Field(None, gt=0, description="Drop blocks unused for this long.")
+    priority: int = Field(0, description="Service-tier priority; higher-priority blocks are evicted last.")
+    pinned_prefixes: list[str] = Field(
+        default_factory=list, description="Prompt prefixes (e.g. system prompts) kept resident in DRAM."
+    )
+    metrics_port: int = Field(8001, ge=1, le=65535, description="Port of the sidecar's /metrics and /health.")
+
+
+class WorkerConfig(_Strict):
+    model: ModelConfig
+    engine: EngineConfig = EngineConfig()
+    server: ServerConfig = ServerConfig()
+    kvtier: KVTierConfig = KVTierConfig()
+    cache_namespace: str = Field(
+        "default",
+        min_length=1,
+        description="Tenant salt mixed into every block hash, so no tier serves one tenant's KV to another.",
+    )
+    service_tier: str = Field("standard", description="ServiceTier name, for metrics labels.")
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> WorkerConfig:
+        if self.kvtier.enabled and self.kvtier.metrics_port == self.server.port:
+            raise ValueError("kvtier.metrics_port must differ from server.port")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> WorkerConfig:
+        return cls.model_validate(yaml.safe_load(text) or {})
+
+    @classmethod
+    def load(cls, path: str | Path) -> WorkerConfig:
+        return cls.from_yaml(Path(path).read_text())
