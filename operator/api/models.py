@@ -42,6 +42,10 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 ACCEPTED = "Accepted"
+# Reasons of Accepted=False.
+REASON_TIER_NOT_FOUND = "TierNotFound"
+REASON_TIER_LIMIT_EXCEEDED = "TierLimitExceeded"
+REASON_INVALID_SPEC = "InvalidSpec"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -251,6 +255,8 @@ _REPLICA_RULES = rules(
 
 
 class InferenceServiceSpec(ApiModel):
+    """Desired state of an InferenceService: what to serve, on what, in which tier."""
+
     model_config = ConfigDict(json_schema_extra=_REPLICA_RULES)
 
     tier: str = Field(
@@ -592,6 +598,8 @@ class TierLimits(ApiModel):
 
 
 class ServiceTierSpec(ApiModel):
+    """Policy of a tier of service: priority, SLOs, cache per memory tier, autoscaling, limits."""
+
     description: str = Field("", max_length=1024, description="What this tier is for, for humans.")
     priority: int = Field(
         0,
