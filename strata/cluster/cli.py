@@ -1,0 +1,219 @@
+"""``strata cluster up|down|env|status``: a detached local control plane for people and the demo.
+
+State lives in one directory (default ``<repo>/.demo/cluster``): certificates, kubeconfig, logs
+and ``state.json`` with the pids. ``up`` returns while a supervisor process keeps the cluster
+running; ``down`` stops it and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from strata.cluster import binaries, components, health
+
+DEFAULT_DIR = binaries.REPO_ROOT / ".demo" / "cluster"
+UP_TIMEOUT_S = 300.0
+DOWN_TIMEOUT_S = 30.0
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _read_state(directory: Path) -> dict[str, Any] | None:
+    try:
+        state: dict[str, Any] = json.loads(components.Layout(directory).state.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return state
+
+
+def _supervisor_pid(state: dict[str, Any] | None) -> int | None:
+    pid = (state or {}).get("supervisor_pid")
+    return pid if isinstance(pid, int) and pid_alive(pid) else None
+
+
+def _clear_directory(directory: Path) -> None:
+    """Remove a stopped cluster's leftovers; refuse to touch a directory that is not ours."""
+    if not directory.exists():
+        return
+    ours = {"pki", "logs", "etcd-data", "kubeconfigs", "kubeconfig", "state.json", ".kube-cache"}
+    strangers = sorted(p.name for p in directory.iterdir() if p.name not in ours)
+    if strangers:
+        raise SystemExit(f"strata cluster: {directory} holds files that are not a cluster's: {strangers}")
+    shutil.rmtree(directory)
+
+
+def _wait_for_supervisor(directory: Path, supervisor: subprocess.Popen[bytes], log_path: Path) -> bool:
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if _supervisor_pid(_read_state(directory)) == supervisor.pid:
+            return True
+        if supervisor.poll() is not None:
+            break
+        time.sleep(0.5)
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:]) if log_path.exists() else ""
+    print(f"strata cluster: start failed; supervisor log {log_path}:\n{tail}", file=sys.stderr)
+    if supervisor.poll() is None:
+        supervisor.send_signal(signal.SIGTERM)
+    return False
+
+
+def usage_text(directory: Path, state: dict[str, Any]) -> str:
+    bin_dir = state["bin_dir"]
+    return "\n".join(
+        [
+            f"cluster up at {state['api_url']} (started in {state.get('startup_s')}s), state in {directory}",
+            "use it:",
+            f"  export KUBECONFIG={state['kubeconfig']} PATH={bin_dir}:$PATH",
+            "  kubectl get nodes -L nvidia.com/gpu.product,strata.dev/local-nvme-gib",
+            f'or: eval "$(strata cluster env --dir {directory})"',
+            f"logs: {directory / 'logs'}    stop: strata cluster down --dir {directory}",
+        ]
+    )
+
+
+def cmd_up(directory: Path, gpu_nodes: int) -> int:
+    state = _read_state(directory)
+    if _supervisor_pid(state) is not None and state is not None:
+        print(f"strata cluster: already running\n{usage_text(directory, state)}")
+        return 0
+    binaries.find_bin_dir()  # fail here, with the clear message, rather than in the supervisor's log
+    _clear_directory(directory)
+    log_path = components.Layout(directory).logs / "supervisor.log"
+    log_path.parent.mkdir(parents=True)
+    with log_path.open("ab") as log_file:
+        supervisor = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "strata.cluster.supervisor",
+                f"--dir={directory}",
+                f"--gpu-nodes={gpu_nodes}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    if not _wait_for_supervisor(directory, supervisor, log_path):
+        return 1
+    print(usage_text(directory, _read_state(directory) or {}))
+    return 0
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in pids if pid_alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def _is_component(pid: int, bin_dir: str) -> bool:
+    # Guards against pid reuse: only kill a pid whose executable is still one of ours.
+    try:
+        return os.readlink(f"/proc/{pid}/exe").startswith(bin_dir)
+    except OSError:
+        return False
+
+
+def cmd_down(directory: Path) -> int:
+    state = _read_state(directory)
+    if state is None:
+        print(f"strata cluster: nothing running in {directory}")
+        return 0
+    supervisor = _supervisor_pid(state)
+    if supervisor is not None:
+        os.kill(supervisor, signal.SIGTERM)
+        _wait_gone([supervisor], DOWN_TIMEOUT_S)
+    components_pids = [int(p) for p in state.get("pids", {}).values()]
+    leftovers = [p for p in components_pids if pid_alive(p) and _is_component(p, state["bin_dir"])]
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    still = _wait_gone(leftovers, 5.0)
+    components.Layout(directory).state.unlink(missing_ok=True)
+    if still:
+        print(f"strata cluster: could not stop pids {still}", file=sys.stderr)
+        return 1
+    print(f"strata cluster: stopped ({directory})")
+    return 0
+
+
+def cmd_env(directory: Path) -> int:
+    state = _read_state(directory)
+    if state is None:
+        print(f"strata cluster: nothing running in {directory}; run `strata cluster up`", file=sys.stderr)
+        return 1
+    print(f"export KUBECONFIG={state['kubeconfig']}")
+    print(f"export PATH={state['bin_dir']}:$PATH")
+    return 0
+
+
+def cmd_status(directory: Path) -> int:
+    state = _read_state(directory)
+    if state is None:
+        print(f"strata cluster: nothing running in {directory}")
+        return 1
+    supervisor = _supervisor_pid(state)
+    lines = [f"supervisor: {'running pid ' + str(supervisor) if supervisor else 'not running'}"]
+    down = [name for name, pid in state.get("pids", {}).items() if not pid_alive(int(pid))]
+    for name, pid in state.get("pids", {}).items():
+        lines.append(f"{name}: {'exited' if name in down else 'running'} (pid {pid})")
+    ca = components.Layout(directory).pki / "ca.crt"
+    ready = health.is_healthy(f"{state['api_url']}/readyz", health.tls_context(ca))
+    lines.append(f"apiserver {state['api_url']}: {'ready' if ready else 'NOT ready'}")
+    print("\n".join(lines))
+    if ready:
+        subprocess.run(
+            [f"{state['bin_dir']}/kubectl", f"--kubeconfig={state['kubeconfig']}", "get", "nodes"],
+            check=False,
+        )
+    return 0 if ready and supervisor and not down else 1
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="strata cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["up", "down", "env", "status"])
+    parser.add_argument(
+        "--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
+    )
+    parser.add_argument("--gpu-nodes", type=int, default=4, help="fake GPU nodes to create (up only)")
+    args = parser.parse_args(argv)
+    if args.gpu_nodes < 0:
+        parser.error(f"--gpu-nodes: must be >= 0, got {args.gpu_nodes}")
+    args.dir = args.dir.resolve()
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        if args.command == "up":
+            return cmd_up(args.dir, args.gpu_nodes)
+        if args.command == "down":
+            return cmd_down(args.dir)
+        if args.command == "env":
+            return cmd_env(args.dir)
+        return cmd_status(args.dir)
+    except binaries.MissingBinariesError as error:
+        print(f"strata cluster: {error}", file=sys.stderr)
+        return 1

@@ -1,0 +1,66 @@
+"""pytest fixtures for the test control plane; registered from tests/conftest.py.
+
+``cluster`` is session-scoped: the suite pays the start-up (about half a minute) once. When the
+binaries are missing it fails rather than skips, so a CI run cannot pass without really running
+the cluster tests. Set ``STRATA_CLUSTER_DIR`` to the directory of a running ``strata cluster up``
+to reuse that cluster instead of starting one (fast local iteration).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strata.cluster.binaries import MissingBinariesError, find_bin_dir
+from strata.cluster.cluster import Cluster, launch
+
+NAMESPACE_DELETE_TIMEOUT = "60s"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reuse = os.environ.get("STRATA_CLUSTER_DIR")
+    if reuse:
+        yield Cluster.attach(Path(reuse))
+        return
+    try:
+        bin_dir = find_bin_dir()
+    except MissingBinariesError as error:
+        pytest.fail(str(error), pytrace=False)
+    # Under pytest's basetemp, so the logs of the last few runs stay around for debugging.
+    handle = launch(tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def namespace_name(test_name: str) -> str:
+    """A valid, unique namespace name derived from the test's name (DNS label, <= 63 chars)."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:48].rstrip("-") or "test"
+    return f"{stem}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount) per test, deleted afterwards."""
+    name = namespace_name(request.node.name)
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl(
+        "wait",
+        "--for=create",
+        "serviceaccount/default",
+        "-n",
+        name,
+        "--timeout=60s",
+    )
+    try:
+        yield name
+    finally:
+        # Don't wait: namespace finalization runs in the background while the next test starts.
+        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
