@@ -1,0 +1,217 @@
+"""The engine: builds the parts from a WorkerConfig and runs the step loop.
+
+One ``step()`` schedules a batch, hands HBM evictions to the tiers, runs the model once,
+publishes newly full blocks in the prefix cache and samples. The engine is synchronous and not
+thread-safe: the server drives it from one thread; tests and benchmarks call ``generate``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from strata.worker.config import EngineConfig, WorkerConfig
+from strata.worker.engine.block_manager import BlockManager
+from strata.worker.engine.kv_tiers import TierBridge
+from strata.worker.engine.model_runner import ModelRunner, block_bytes
+from strata.worker.engine.prefix_cache import PrefixCache
+from strata.worker.engine.sampling import Sampler
+from strata.worker.engine.scheduler import Scheduler, SchedulerLimits
+from strata.worker.engine.sequence import SamplingParams, Sequence
+from strata.worker.engine.stats import EngineStats
+from strata.worker.kv_connector import KVConnector, chain_hashes, root_hash
+from strata.worker.models.llama import LlamaForCausalLM
+from strata.worker.models.loader import DTYPES, load_model
+from strata.worker.tokenizer import Tokenizer, load_tokenizer
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take; ``field`` names the offending request field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    seq: Sequence
+    new_token_ids: list[int]
+    finished: bool
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+def num_kv_blocks(cfg: EngineConfig, device: torch.device, bytes_per_block: int) -> int:
+    if cfg.num_gpu_blocks is not None:
+        return cfg.num_gpu_blocks
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(1, int(free * cfg.kv_memory_fraction) // bytes_per_block)
+    return max(1, cfg.cpu_kv_bytes // bytes_per_block)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        model: LlamaForCausalLM,
+        tokenizer: Tokenizer,
+        connector: KVConnector | None = None,
+    ) -> None:
+        cfg = config.engine
+        self.config = config
+        self.tokenizer = tokenizer
+        self.block_size = cfg.block_size
+        device = next(model.parameters()).device
+        self.max_context = min(config.model.max_context_tokens, model.config.max_position_embeddings)
+        num_blocks = num_kv_blocks(cfg, device, block_bytes(model, cfg.block_size, self.kv_dtype_of(model)))
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size)
+        self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.stats = EngineStats()
+        self.root_hash = root_hash(config.cache_namespace, config.model.name, cfg.block_size)
+        write_through = config.kvtier.write_mode == "write-through"
+        self.tiers = TierBridge(connector, self.blocks, self.runner, write_through=write_through)
+        self.prefix = PrefixCache(self.blocks, self.tiers, self.root_hash, self.stats)
+        limits = SchedulerLimits(cfg.max_num_seqs, cfg.max_batched_tokens, cfg.max_queue_len, cfg.queue_timeout_s)
+        self.scheduler = Scheduler(limits, self.blocks, self.prefix, self.stats)
+        self.sampler = Sampler(cfg.seed, device)
+        self._seqs: dict[int, Sequence] = {}
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig, connector: KVConnector | None = None) -> LLMEngine:
+        device = pick_device(config.engine.device)
+        model = load_model(config.model.path, DTYPES[config.model.dtype], device)
+        tokenizer = load_tokenizer(config.model.path, model.config.eos_token_id)
+        return cls(config, model, tokenizer, connector)
+
+    @staticmethod
+    def kv_dtype_of(model: LlamaForCausalLM) -> torch.dtype:
+        return next(model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.runner.dtype
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return self.runner.block_shape
+
+    def block_tensor(self, block_id: int) -> torch.Tensor:
+        return self.runner.block(block_id)
+
+    def block_hashes(self, token_ids: list[int]) -> list[bytes]:
+        return chain_hashes(self.root_hash, token_ids, self.block_size)
+
+    def add_request(self, token_ids: list[int], params: SamplingParams, priority: int | None = None) -> Sequence:
+        """Queue a request; raises RequestError for one that can never run, QueueFull when full."""
+        self._validate(token_ids, params)
+        prio = self.config.engine.default_priority if priority is None else priority
+        seq = Sequence(list(token_ids), params, prio)
+        self.scheduler.add(seq)
+        self._seqs[seq.seq_id] = seq
+        self.prefix.prefetch(seq)
+        return seq
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise RequestError("prompt", "must not be empty")
+        if params.max_tokens < 1:
+            raise RequestError("max_tokens", "must be at least 1")
+        if len(token_ids) + params.max_tokens > self.max_context:
+            field = "prompt" if len(token_ids) >= self.max_context else "max_tokens"
+            raise RequestError(
+                field,
+                f"prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                f"context of {self.max_context} tokens",
+            )
+        vocab = self.runner.model.config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise RequestError("prompt", f"token ids must be in [0, {vocab})")
+        if -(-(len(token_ids) + params.max_tokens) // self.block_size) > self.blocks.num_blocks:
+            raise RequestError("max_tokens", "request needs more KV blocks than the cache holds")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "abort")
+            self.sampler.forget(seq_id)
+
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule(time.monotonic())
+        outputs = [self._finish(seq, seq.finish_reason or "queue_timeout", []) for seq in batch.rejected]
+        self.tiers.save_evictions()
+        if not batch.items:
+            return outputs
+        logits = self.runner.run(batch.items)
+        row = 0
+        for seq, n in batch.items:
+            # a decode step feeds back the last sampled token; everything else is (re)computed context
+            decode = n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens > seq.num_prompt_tokens
+            self.stats.recomputed_tokens += n - int(decode)
+            seq.num_computed_tokens += n
+            self.prefix.register_computed(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prefill chunk short of the end: no token yet
+            outputs.append(self._append(seq, logits[row]))
+            row += 1
+        return outputs
+
+    def _append(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
+        if seq.params.keep_logits:
+            seq.logits.append(logits.detach().cpu().clone())
+        token = self.sampler.sample(seq.seq_id, logits, seq.params)
+        seq.token_ids.append(token)
+        self.stats.generation_tokens += 1
+        reason = self._stop_reason(seq, token)
+        if reason is None:
+            return StepOutput(seq, [token], False)
+        return self._finish(seq, reason, [token])
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if (token == self.tokenizer.eos_token_id and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_context:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str, tokens: list[int]) -> StepOutput:
+        self.scheduler.finish(seq, reason)
+        self.sampler.forget(seq.seq_id)
+        self._seqs.pop(seq.seq_id, None)
+        return StepOutput(seq, tokens, True)
+
+    def generate(self, token_ids: list[int], params: SamplingParams, priority: int | None = None) -> Sequence:
+        """Run one request to completion (tests and benchmarks); other queued work runs too."""
+        return self.generate_batch([token_ids], params, priority)[0]
+
+    def generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, priority: int | None = None
+    ) -> list[Sequence]:
+        seqs = [self.add_request(p, params, priority) for p in prompts]
+        while not all(s.is_finished for s in seqs):
+            self.step()
+        return seqs
+
+    def evict_cached_blocks(self) -> int:
+        """Push every unreferenced cached block out of HBM (to the tiers, when connected)."""
+        count = self.blocks.evict_cached()
+        self.tiers.save_evictions()
+        return count
+
+    def close(self) -> None:
+        self.tiers.close()

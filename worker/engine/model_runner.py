@@ -1,0 +1,84 @@
+"""The only owner of device memory: the weights and the paged KV cache.
+
+The cache is one tensor ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``, so a
+block in the KV-tier contract's layout is ``kv_cache[block_id]``: a contiguous view that is saved
+to and loaded from the tiers without any reshaping.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from strata.worker.engine.attention import ChunkSpan, DecodeGroup, PagedAttention
+from strata.worker.engine.sequence import Sequence
+from strata.worker.models.llama import LlamaForCausalLM
+
+
+def block_shape(model: LlamaForCausalLM, block_size: int) -> tuple[int, int, int, int, int]:
+    c = model.config
+    return (c.num_hidden_layers, 2, block_size, c.num_key_value_heads, c.head_dim)
+
+
+def block_bytes(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+    n = 1
+    for d in block_shape(model, block_size):
+        n *= d
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
+        param = next(model.parameters())
+        self.model = model
+        self.device, self.dtype = param.device, param.dtype
+        self.block_size = block_size
+        self.block_shape = block_shape(model, block_size)
+        self.kv_cache = torch.zeros((num_blocks, *self.block_shape), dtype=self.dtype, device=self.device)
+
+    def block(self, block_id: int) -> Tensor:
+        """Block ``block_id`` in the contract layout: a view, so writes land in the cache."""
+        return self.kv_cache[block_id]
+
+    @torch.inference_mode()
+    def run(self, items: list[tuple[Sequence, int]]) -> Tensor:
+        """Compute ``n`` new tokens of each sequence; logits [k, vocab] (float32) for the k items
+        whose chunk reaches the end of their sequence, in item order."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
+        chunks: list[ChunkSpan] = []
+        decode: list[tuple[int, Sequence, int]] = []
+        last_rows: list[int] = []
+        for seq, n in items:
+            start, begin = len(tokens), seq.num_computed_tokens
+            tokens += seq.token_ids[begin : begin + n]
+            positions += range(begin, begin + n)
+            slot_blocks += [seq.block_table[p // self.block_size] for p in range(begin, begin + n)]
+            if n == 1:
+                decode.append((start, seq, begin + 1))
+            else:
+                chunks.append(ChunkSpan(start, n, begin + n, self._long(seq.block_table)))
+            if begin + n == seq.num_tokens:
+                last_rows.append(len(tokens) - 1)
+        pos = self._long(positions)
+        attend = PagedAttention(
+            self.kv_cache, self._long(slot_blocks), pos % self.block_size, chunks, self._decode_group(decode)
+        )
+        hidden = self.model(self._long(tokens), pos, attend)
+        return self.model.logits(hidden[self._long(last_rows)])
+
+    def _decode_group(self, decode: list[tuple[int, Sequence, int]]) -> DecodeGroup | None:
+        if not decode:
+            return None
+        width = max(len(seq.block_table) for _, seq, _ in decode)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for _, seq, _ in decode]
+        return DecodeGroup(
+            rows=self._long([row for row, _, _ in decode]),
+            tables=self._long(tables),
+            context=self._long([ctx for _, _, ctx in decode]),
+        )
+
+    def _long(self, values: list[int] | list[list[int]]) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
