@@ -1,0 +1,50 @@
+"""``strata kvtier``: run the KV-tier sidecar (``serve --config PATH``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+
+from pydantic import ValidationError
+
+from strata.worker.config import WorkerConfig
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="strata kvtier", description="The tiered KV-cache sidecar.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the sidecar next to the engine")
+    serve.add_argument(
+        "--config", required=True, help="worker config file (YAML); reads its `kvtier` section"
+    )
+    serve.add_argument(
+        "--block-bytes", type=int, default=None, help="size the tiers now instead of at the engine's hello"
+    )
+    serve.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = WorkerConfig.load(args.config)
+    except (OSError, ValueError, ValidationError) as err:
+        print(f"strata kvtier: cannot load --config {args.config}: {err}", file=sys.stderr)
+        return 2
+    from strata.worker.kvtier.server import Sidecar  # after the config is known good
+
+    sidecar = Sidecar(config.kvtier, block_bytes=args.block_bytes)
+    sidecar.start()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        sidecar.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    sidecar.wait()
+    sidecar.stop()
+    return 0

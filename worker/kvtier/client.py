@@ -1,0 +1,222 @@
+"""The engine's side of the sidecar: a :class:`~strata.worker.kv_connector.KVConnector` that
+speaks the Unix-socket protocol and moves block bytes through the shared-memory slots.
+
+Never raises into the engine: when the sidecar is down, slow or confused, lookups miss, loads
+return 0, saves are dropped, and the client retries the connection at most every
+``retry_s`` seconds. Every block read is checked against its checksum before it is copied out;
+a failing block ends the load there and is reported to the sidecar, which drops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+
+from strata.worker import kv_connector
+from strata.worker.config import WorkerConfig
+from strata.worker.kv_connector import BlockRef, KVConnector, Tier
+from strata.worker.kvtier import protocol
+from strata.worker.kvtier.arena import SlotArena
+
+log = logging.getLogger(__name__)
+
+
+class SidecarUnavailable(Exception):
+    """The sidecar did not answer; the caller degrades to a miss."""
+
+
+class TierClient:
+    def __init__(
+        self,
+        socket_path: str,
+        block_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        timeout_s: float = 5.0,
+        retry_s: float = 1.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self.block_shape = block_shape
+        self.dtype = dtype
+        self.block_bytes = math.prod(block_shape) * torch.empty((), dtype=dtype).element_size()
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._lock = threading.RLock()
+        self._sock: socket.socket | None = None
+        self._arena: SlotArena | None = None
+        self._slots: torch.Tensor | None = None  # uint8 view over the whole arena
+        self._retry_at = 0.0
+        self.corrupt_blocks = 0
+
+    # ---- KVConnector ----
+
+    def lookup(self, hashes: Sequence[bytes]) -> list[Tier]:
+        if not hashes:
+            return []
+        reply = self._safe_call({"op": "lookup", "keys": [h.hex() for h in hashes]})
+        return cast(list[Tier], reply["tiers"]) if reply else []
+
+    def load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
+        if not hashes:
+            return 0
+        with self._lock:
+            try:
+                return self._load(hashes, out)
+            except Exception as err:
+                self._fail("load", err)
+                return 0
+
+    def save(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> None:
+        if not blocks:
+            return
+        with self._lock:
+            try:
+                self._save(blocks, data)
+            except Exception as err:
+                self._fail("save", err)
+
+    def prefetch(self, hashes: Sequence[bytes]) -> None:
+        if hashes:
+            self._safe_call({"op": "prefetch", "keys": [h.hex() for h in hashes]})
+
+    def close(self) -> None:
+        with self._lock:
+            self._disconnect()
+
+    # ---- beyond the protocol ----
+
+    def pin(self, hashes: Sequence[bytes]) -> bool:
+        """Keep these blocks resident in DRAM (a system prompt's chain)."""
+        return self._safe_call({"op": "pin", "keys": [h.hex() for h in hashes]}) is not None
+
+    def stats(self) -> dict[str, Any] | None:
+        return self._safe_call({"op": "stats"})
+
+    # ---- the data path ----
+
+    def _load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
+        reply = self._call({"op": "get", "keys": [h.hex() for h in hashes[: len(out)]]})
+        slots: list[int] = reply["slots"]
+        loaded = 0
+        corrupt: list[str] = []
+        try:
+            for i, (slot, expected) in enumerate(zip(slots, reply["checksums"], strict=True)):
+                assert self._arena is not None
+                if zlib.crc32(self._arena.view(slot, self.block_bytes)) != expected:
+                    corrupt.append(hashes[i].hex())
+                    break
+                out[i].copy_(self._typed(self._raw(slot)))
+                loaded += 1
+        finally:
+            self._call({"op": "release", "slots": slots})
+        if corrupt:
+            self.corrupt_blocks += 1
+            log.warning("kvtier: block %s failed its checksum; recomputing", corrupt[0])
+            self._call({"op": "corrupt", "keys": corrupt})
+        return loaded
+
+    def _save(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> None:
+        reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
+        keys, parents, slots = [], [], []
+        for block, tensor, slot in zip(blocks, data, reply["slots"], strict=True):
+            if slot is None:
+                continue
+            self._typed(self._raw(slot)).copy_(tensor)
+            keys.append(block.hash.hex())
+            parents.append(block.parent.hex())
+            slots.append(slot)
+        self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})
+
+    def _raw(self, slot: int) -> torch.Tensor:
+        assert self._slots is not None and self._arena is not None
+        start = slot * self._arena.slot_bytes
+        return self._slots[start : start + self.block_bytes]
+
+    def _typed(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw.view(self.dtype).view(self.block_shape)
+
+    # ---- connection ----
+
+    def _safe_call(self, message: protocol.Message) -> dict[str, Any] | None:
+        with self._lock:
+            try:
+                return self._call(message)
+            except Exception as err:
+                self._fail(str(message.get("op")), err)
+                return None
+
+    def _call(self, message: protocol.Message) -> dict[str, Any]:
+        sock = self._connected()
+        protocol.send(sock, message)
+        reply = protocol.receive(sock)
+        if reply is None:
+            raise SidecarUnavailable("sidecar closed the connection")
+        if not reply.get("ok"):
+            raise SidecarUnavailable(f"sidecar refused {message.get('op')}: {reply.get('error')}")
+        return reply
+
+    def _connected(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        if time.monotonic() < self._retry_at:
+            raise SidecarUnavailable("sidecar down; retrying later")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(self.socket_path)
+            protocol.send(sock, {"op": "hello", "block_bytes": self.block_bytes})
+            hello = protocol.receive(sock)
+            if not hello or not hello.get("ok"):
+                raise SidecarUnavailable(f"hello refused: {hello and hello.get('error')}")
+            self._map(hello)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        return sock
+
+    def _map(self, hello: dict[str, Any]) -> None:
+        """Map the sidecar's slots (afresh: a restarted sidecar may have re-created the file)."""
+        self._unmap()
+        self._arena = SlotArena(hello["shm_path"], hello["slot_bytes"], hello["num_slots"], create=False)
+        self._slots = torch.frombuffer(self._arena.mmap, dtype=torch.uint8)
+
+    def _unmap(self) -> None:
+        self._slots = None
+        if self._arena is not None:
+            with contextlib.suppress(BufferError):  # a tensor view still alive; the mapping goes with it
+                self._arena.close()
+            self._arena = None
+
+    def _fail(self, op: str, err: Exception) -> None:
+        if self._sock is not None or not isinstance(err, SidecarUnavailable):
+            log.warning("kvtier: %s failed, degrading to recomputation: %s", op, err)
+        self._disconnect()
+        self._retry_at = time.monotonic() + self.retry_s
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._unmap()
+
+
+def connect(config: WorkerConfig, block_shape: tuple[int, ...], dtype: torch.dtype) -> KVConnector:
+    """The engine's connector to the sidecar named in ``config.kvtier`` (lazy: connects on
+    first use, so the engine may start before the sidecar)."""
+    return TierClient(config.kvtier.socket_path, tuple(block_shape), dtype)
+
+
+def pinned_hashes(config: WorkerConfig, token_ids: Sequence[int]) -> list[bytes]:
+    """The chain of a pinned prefix's full blocks, as the engine hashes them."""
+    block_size = config.engine.block_size
+    root = kv_connector.root_hash(config.cache_namespace, config.model.name, block_size)
+    return kv_connector.chain_hashes(root, token_ids, block_size)

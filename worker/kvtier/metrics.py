@@ -1,0 +1,91 @@
+"""Per-tier Prometheus metrics of the sidecar, and the small HTTP server for /metrics and /health."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_PREFIX = "strata_kvtier_"
+_LATENCY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+
+class TierMetrics:
+    """All series carry a ``tier`` label: dram, nvme or shared."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(_PREFIX + name, doc, ["tier"], registry=r)
+
+        self.used_bytes = Gauge(_PREFIX + "used_bytes", "Bytes of blocks held.", ["tier"], registry=r)
+        self.capacity_bytes = Gauge(
+            _PREFIX + "capacity_bytes", "Bytes the tier may hold.", ["tier"], registry=r
+        )
+        self.hits = counter("hits", "Blocks found in the tier on lookup.")
+        self.misses = counter("misses", "Lookups that ended at this tier (the first missing block).")
+        self.evictions = counter("evictions", "Blocks evicted from the tier.")
+        self.promotions = counter("promotions", "Blocks copied up into the tier from a lower one.")
+        self.demotions = counter("demotions", "Blocks written down into the tier from a higher one.")
+        self.read_bytes = counter("read_bytes", "Block bytes read from the tier.")
+        self.written_bytes = counter("written_bytes", "Block bytes written to the tier.")
+        self.corrupt_blocks = counter("corrupt_blocks", "Blocks that failed their checksum (dropped).")
+        self.errors = counter("io_errors", "I/O errors (full disk, unreachable store); the tier degraded.")
+        self.read_seconds = Histogram(
+            _PREFIX + "read_seconds",
+            "Latency of a batch read.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.write_seconds = Histogram(
+            _PREFIX + "write_seconds",
+            "Latency of a batch write.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+def serve_http(
+    port: int, metrics: TierMetrics, healthy: Callable[[], bool], host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """Serve /metrics and /health on a daemon thread; returns the server (``shutdown()`` it)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._reply(200, metrics.render(), CONTENT_TYPE_LATEST)
+            elif self.path == "/health":
+                ok = healthy()
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"not ready\n", "text/plain")
+            else:
+                self._reply(404, b"not found\n", "text/plain")
+
+        def _reply(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet at INFO
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="kvtier-http", daemon=True).start()
+    return server

@@ -1,0 +1,75 @@
+"""The sidecar's control protocol: length-prefixed JSON frames over a Unix socket.
+
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. Every
+request is an object with an ``op``; every reply is ``{"ok": true, ...}`` or
+``{"ok": false, "error": "..."}``. Block keys travel as 32-character hex strings. Block bytes
+never travel here: they sit in shared-memory slots named by number (see docs/kvtier.md).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+MAX_FRAME = 64 * 2**20
+_LENGTH = struct.Struct(">I")
+
+Message = dict[str, Any]
+
+
+class ProtocolError(Exception):
+    """A malformed frame or a peer that went away mid-frame."""
+
+
+def send(sock: socket.socket, message: Message) -> None:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    sock.sendall(_LENGTH.pack(len(body)) + body)
+
+
+def receive(sock: socket.socket) -> Message | None:
+    """The next message, or None when the peer closed the connection between frames."""
+    head = _read_exact(sock, _LENGTH.size, allow_eof=True)
+    if head is None:
+        return None
+    (length,) = _LENGTH.unpack(head)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+    body = _read_exact(sock, length, allow_eof=False)
+    assert body is not None
+    try:
+        message = json.loads(body)
+    except ValueError as err:
+        raise ProtocolError(f"frame is not JSON: {err}") from err
+    if not isinstance(message, dict):
+        raise ProtocolError("frame is not a JSON object")
+    return message
+
+
+def _read_exact(sock: socket.socket, length: int, allow_eof: bool) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < length:
+        chunk = sock.recv(length - len(chunks))
+        if not chunk:
+            if allow_eof and not chunks:
+                return None
+            raise ProtocolError("connection closed mid-frame")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def keys_from(message: Message, field: str = "keys") -> list[bytes]:
+    """Decode a list of hex block keys, naming the field on bad input."""
+    raw = message.get(field)
+    if not isinstance(raw, list):
+        raise ValueError(f"{field}: expected a list of hex keys")
+    try:
+        keys = [bytes.fromhex(k) for k in raw]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{field}: not hex strings ({err})") from err
+    if any(len(k) != 16 for k in keys):
+        raise ValueError(f"{field}: every key must be 16 bytes")
+    return keys

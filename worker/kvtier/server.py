@@ -1,0 +1,179 @@
+"""The sidecar process: the block service behind the Unix-socket protocol, the metrics
+endpoint, and a retention sweeper. Thin glue; decisions live in ``service``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from strata.worker.config import KVTierConfig
+from strata.worker.kvtier import protocol
+from strata.worker.kvtier.metrics import TierMetrics, serve_http
+from strata.worker.kvtier.protocol import Message
+from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
+
+log = logging.getLogger(__name__)
+
+
+def handle(service: KVTierService, owner: Owner, request: Message) -> Message:
+    """One request to one reply; bad input becomes an error reply naming the field."""
+    op = request.get("op")
+    handler = _HANDLERS.get(op) if isinstance(op, str) else None
+    if handler is None:
+        return {"ok": False, "error": f"op: unknown operation {op!r}; expected one of {sorted(_HANDLERS)}"}
+    try:
+        return {"ok": True, **handler(service, owner, request)}
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        return {"ok": False, "error": str(err)}
+
+
+def _hello(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    block_bytes = request.get("block_bytes")
+    if not isinstance(block_bytes, int) or block_bytes <= 0:
+        raise ValueError("block_bytes: expected a positive integer")
+    return service.configure(block_bytes)
+
+
+def _lookup(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    return {"tiers": service.lookup(protocol.keys_from(request))}
+
+
+def _get(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    found = service.get(owner, protocol.keys_from(request))
+    return {"slots": [s for s, _ in found], "checksums": [c for _, c in found]}
+
+
+def _release(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    service.release(owner, _ints(request, "slots"))
+    return {}
+
+
+def _reserve(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    return {"slots": service.reserve(owner, protocol.keys_from(request))}
+
+
+def _put(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    keys = protocol.keys_from(request)
+    parents = protocol.keys_from(request, "parents")
+    slots = _ints(request, "slots")
+    if not len(keys) == len(parents) == len(slots):
+        raise ValueError("keys, parents, slots: must have the same length")
+    blocks = [PutBlock(k, p, s) for k, p, s in zip(keys, parents, slots, strict=True)]
+    return {"stored": service.put(owner, blocks)}
+
+
+def _prefetch(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    service.prefetch(protocol.keys_from(request))
+    return {}
+
+
+def _pin(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    service.pin(protocol.keys_from(request))
+    return {}
+
+
+def _corrupt(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    service.report_corrupt(protocol.keys_from(request))
+    return {}
+
+
+def _stats(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    return service.stats()
+
+
+def _ints(request: Message, field: str) -> list[int]:
+    raw = request.get(field)
+    if not isinstance(raw, list) or not all(isinstance(v, int) for v in raw):
+        raise ValueError(f"{field}: expected a list of integers")
+    return raw
+
+
+_HANDLERS: dict[str, Callable[[KVTierService, Owner, Message], dict[str, Any]]] = {
+    "hello": _hello,
+    "lookup": _lookup,
+    "get": _get,
+    "release": _release,
+    "reserve": _reserve,
+    "put": _put,
+    "prefetch": _prefetch,
+    "pin": _pin,
+    "corrupt": _corrupt,
+    "stats": _stats,
+}
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    service: KVTierService
+
+
+class _Connection(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        service: KVTierService = self.server.service  # type: ignore[attr-defined]
+        sock: socket.socket = self.request
+        owner = Owner()
+        try:
+            while (request := protocol.receive(sock)) is not None:
+                protocol.send(sock, handle(service, owner, request))
+        except (protocol.ProtocolError, OSError) as err:
+            log.debug("kvtier: connection ended: %s", err)
+        finally:
+            service.drop_owner(owner)
+
+
+class Sidecar:
+    """Everything ``strata kvtier serve`` runs; ``start`` returns once it accepts connections."""
+
+    def __init__(self, config: KVTierConfig, block_bytes: int | None = None, metrics_port: int | None = None):
+        self.config = config
+        self.metrics = TierMetrics()
+        self.service = KVTierService(config, self.metrics)
+        if block_bytes:
+            self.service.configure(block_bytes)
+        self._metrics_port = config.metrics_port if metrics_port is None else metrics_port
+        self._stop = threading.Event()
+        self._server: _Server | None = None
+        self._http: Any = None
+
+    def start(self) -> None:
+        path = Path(self.config.socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a previous run's socket; the previous run is gone
+        self._server = _Server(str(path), _Connection)
+        self._server.service = self.service
+        os.chmod(path, 0o660)
+        threading.Thread(target=self._server.serve_forever, name="kvtier-socket", daemon=True).start()
+        if self._metrics_port:
+            self._http = serve_http(self._metrics_port, self.metrics, lambda: self._server is not None)
+        threading.Thread(target=self._sweep_loop, name="kvtier-sweep", daemon=True).start()
+        log.info("kvtier: serving on %s, metrics on :%s", path, self._metrics_port)
+
+    def _sweep_loop(self) -> None:
+        retention = self.config.retention_s
+        if retention is None:
+            return
+        while not self._stop.wait(min(retention / 4, 10.0)):
+            if dropped := self.service.sweep():
+                log.info("kvtier: retention dropped %d blocks", dropped)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._http is not None:
+            self._http.shutdown()
+        self.service.close()
+        Path(self.config.socket_path).unlink(missing_ok=True)

@@ -1,0 +1,92 @@
+"""The shared tier's storage: blocks other workers of the same model and tenant can reuse.
+
+:class:`BlockStore` is the interface an object store can implement later;
+:class:`FilesystemBlockStore` keeps one file per block on a ReadWriteMany volume, written to a
+temporary name, fsync-ed and renamed, so a reader never sees a half-written block. Each file
+carries a header with its key, length and checksum, verified on every read.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+from strata.worker.kvtier.arena import checksum
+
+_HEADER = struct.Struct("<8sII16s16siI")  # magic, version, length, key, parent, priority, crc32
+_MAGIC = b"STRATAKV"
+_VERSION = 1
+
+
+class CorruptBlock(Exception):
+    """A stored block failed its checksum or header check (it has been deleted)."""
+
+
+class BlockStore(Protocol):
+    """Blocks by key. Methods raise OSError when the store is unreachable."""
+
+    def contains(self, key: bytes) -> bool: ...
+
+    def read_into(self, key: bytes, out: memoryview) -> bool:
+        """Fill ``out`` with the block; False when absent; CorruptBlock when damaged."""
+        ...
+
+    def write(self, key: bytes, parent: bytes, priority: int, data: memoryview) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+
+class FilesystemBlockStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, key: bytes) -> Path:
+        name = key.hex()
+        return self.root / name[:2] / f"{name}.kv"
+
+    def contains(self, key: bytes) -> bool:
+        return self._path(key).is_file()
+
+    def read_into(self, key: bytes, out: memoryview) -> bool:
+        path = self._path(key)
+        try:
+            with open(path, "rb", buffering=0) as src:
+                header = src.read(_HEADER.size)
+                checked = self._check_header(header, key, len(out))
+                got = src.readinto(out)
+                tail = src.read(1)
+        except FileNotFoundError:
+            return False
+        if checked is None or got != len(out) or tail or checksum(out) != checked:
+            self.delete(key)
+            raise CorruptBlock(f"shared block {key.hex()} is corrupt")
+        return True
+
+    @staticmethod
+    def _check_header(header: bytes, key: bytes, length: int) -> int | None:
+        if len(header) != _HEADER.size:
+            return None
+        magic, version, size, stored_key, _, _, crc = _HEADER.unpack(header)
+        if magic != _MAGIC or version != _VERSION or size != length or stored_key != key:
+            return None
+        return int(crc)
+
+    def write(self, key: bytes, parent: bytes, priority: int, data: memoryview) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        header = _HEADER.pack(_MAGIC, _VERSION, len(data), key, parent, priority, checksum(data))
+        try:
+            with open(tmp, "wb", buffering=0) as dst:
+                dst.write(header)
+                dst.write(data)
+                os.fsync(dst.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def delete(self, key: bytes) -> None:
+        self._path(key).unlink(missing_ok=True)

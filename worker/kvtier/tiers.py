@@ -1,0 +1,146 @@
+"""The three lower tiers as the sidecar sees them: an index plus the place the bytes live.
+
+Each class keeps its own slot bookkeeping and nothing else; moving blocks between tiers
+(promotion, demotion, cascades) is the service's job. None of them is thread-safe: the
+service calls them under its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+from strata.worker.kvtier.arena import SlotArena, checksum
+from strata.worker.kvtier.index import Entry, TierIndex
+from strata.worker.kvtier.nvme import NvmeStore, Record
+from strata.worker.kvtier.shared import BlockStore, CorruptBlock
+
+log = logging.getLogger(__name__)
+
+
+class DramTier:
+    """Blocks in shared-memory slots ``[0, capacity)``; slots above are staging slots that carry
+    blocks to and from the lower tiers when DRAM is full or disabled. A leased slot (the engine
+    is copying out of it) is not reused until released, even if its block was evicted."""
+
+    def __init__(self, arena: SlotArena, capacity: int, eviction: str, block_bytes: int) -> None:
+        self.arena = arena
+        self.block_bytes = block_bytes
+        self.capacity = capacity
+        self.index = TierIndex(capacity, eviction)
+        self._free = list(range(capacity - 1, -1, -1))
+        self._staging = list(range(arena.num_slots - 1, capacity - 1, -1))
+        self._leases: Counter[int] = Counter()
+        self._deferred: set[int] = set()
+
+    def take_slot(self, staging: bool) -> int | None:
+        pool = self._staging if staging else self._free
+        return pool.pop() if pool else None
+
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def give_back(self, slot: int) -> None:
+        if self._leases[slot]:
+            self._deferred.add(slot)
+        else:
+            (self._free if slot < self.capacity else self._staging).append(slot)
+
+    def lease(self, slot: int) -> None:
+        self._leases[slot] += 1
+
+    def unlease(self, slot: int) -> None:
+        if self._leases[slot] <= 0:
+            return
+        self._leases[slot] -= 1
+        if not self._leases[slot]:
+            del self._leases[slot]
+            if slot in self._deferred:
+                self._deferred.discard(slot)
+                self.give_back(slot)
+
+    def is_staging(self, slot: int) -> bool:
+        return slot >= self.capacity
+
+    def block(self, slot: int) -> memoryview:
+        return self.arena.view(slot, self.block_bytes)
+
+
+class NvmeTier:
+    """Blocks in the slots of a preallocated file, indexed in memory and in the store's log."""
+
+    def __init__(self, store: NvmeStore, eviction: str, persistent: bool) -> None:
+        self.store = store
+        self.index = TierIndex(store.num_slots, eviction)
+        recovered = store.recover(persistent)
+        used = set()
+        now = time.time()
+        for key, record in recovered.items():
+            entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
+            self.index.add(key, entry)
+            used.add(record.slot)
+        self._free = [s for s in range(store.num_slots - 1, -1, -1) if s not in used]
+        if recovered:
+            log.info("nvme: recovered %d blocks", len(recovered))
+
+    def take_slot(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def give_back(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def records(self) -> list[Record]:
+        out = []
+        for key in self.index:
+            entry = self.index.get(key)
+            assert entry is not None and isinstance(key, bytes) and isinstance(entry.parent, bytes)
+            out.append(Record(key, entry.parent, entry.slot, entry.priority, entry.checksum))
+        return out
+
+
+class SharedTier:
+    """A :class:`BlockStore` that may be unreachable. After an error it is skipped for
+    ``backoff_s`` (reads miss, writes are dropped), so a dead volume costs one error, not one
+    per block. The index holds only the blocks this worker wrote, to bound its share."""
+
+    def __init__(self, store: BlockStore, capacity: int, backoff_s: float = 5.0) -> None:
+        self.store = store
+        self.index = TierIndex(capacity, "lru")
+        self.backoff_s = backoff_s
+        self._down_until = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def mark_down(self, err: Exception) -> None:
+        log.warning("shared tier unreachable, skipping it for %.0fs: %s", self.backoff_s, err)
+        self._down_until = time.monotonic() + self.backoff_s
+
+    def contains(self, key: bytes) -> bool:
+        if not self.healthy:
+            return False
+        try:
+            return self.store.contains(key)
+        except OSError as err:
+            self.mark_down(err)
+            return False
+
+    def read_into(self, key: bytes, out: memoryview) -> bool | None:
+        """True when read intact, False when absent or down, None when corrupt (deleted)."""
+        if not self.healthy:
+            return False
+        try:
+            return self.store.read_into(key, out)
+        except CorruptBlock:
+            if key in self.index:
+                self.index.remove(key)
+            return None
+        except OSError as err:
+            self.mark_down(err)
+            return False
+
+
+def verify(data: memoryview, expected: int) -> bool:
+    return checksum(data) == expected
