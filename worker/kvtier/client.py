@@ -79,7 +79,7 @@ class TierClient:
             return
         with self._lock:
             try:
-                self._save(blocks, data)
+                self.save_checked(blocks, data)
             except Exception as err:
                 self._fail("save", err)
 
@@ -123,17 +123,22 @@ class TierClient:
             self._call({"op": "corrupt", "keys": corrupt})
         return loaded
 
-    def _save(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> None:
-        reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
-        keys, parents, slots = [], [], []
-        for block, tensor, slot in zip(blocks, data, reply["slots"], strict=True):
-            if slot is None:
-                continue
-            self._typed(self._raw(slot)).copy_(tensor)
-            keys.append(block.hash.hex())
-            parents.append(block.parent.hex())
-            slots.append(slot)
-        self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})
+    def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
+        """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and
+        returns how many blocks the sidecar committed (with write-through to a persistent NVMe
+        tier: durable). Blocks the tiers already hold are not sent again."""
+        with self._lock:
+            reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
+            keys, parents, slots = [], [], []
+            for block, tensor, slot in zip(blocks, data, reply["slots"], strict=True):
+                if slot is None:
+                    continue
+                self._typed(self._raw(slot)).copy_(tensor)
+                keys.append(block.hash.hex())
+                parents.append(block.parent.hex())
+                slots.append(slot)
+            stored: int = self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})["stored"]
+            return stored
 
     def _raw(self, slot: int) -> torch.Tensor:
         assert self._slots is not None and self._arena is not None

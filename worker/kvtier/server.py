@@ -3,6 +3,7 @@ endpoint, and a retention sweeper. Thin glue; decisions live in ``service``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -112,18 +113,34 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     service: KVTierService
 
+    def __init__(self, path: str) -> None:
+        super().__init__(path, _Connection)
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+
+    def close_connections(self) -> None:
+        with self.connections_lock:
+            for sock in self.connections:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
 
 class _Connection(socketserver.BaseRequestHandler):
     def handle(self) -> None:
-        service: KVTierService = self.server.service  # type: ignore[attr-defined]
+        server: _Server = self.server  # type: ignore[assignment]
+        service = server.service
         sock: socket.socket = self.request
         owner = Owner()
+        with server.connections_lock:
+            server.connections.add(sock)
         try:
             while (request := protocol.receive(sock)) is not None:
                 protocol.send(sock, handle(service, owner, request))
         except (protocol.ProtocolError, OSError) as err:
             log.debug("kvtier: connection ended: %s", err)
         finally:
+            with server.connections_lock:
+                server.connections.discard(sock)
             service.drop_owner(owner)
 
 
@@ -145,7 +162,7 @@ class Sidecar:
         path = Path(self.config.socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # a previous run's socket; the previous run is gone
-        self._server = _Server(str(path), _Connection)
+        self._server = _Server(str(path))
         self._server.service = self.service
         os.chmod(path, 0o660)
         threading.Thread(target=self._server.serve_forever, name="kvtier-socket", daemon=True).start()
@@ -170,10 +187,14 @@ class Sidecar:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server.close_connections()
+        self._server = None
         if self._http is not None:
             self._http.shutdown()
+            self._http.server_close()
         self.service.close()
         Path(self.config.socket_path).unlink(missing_ok=True)

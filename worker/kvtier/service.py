@@ -9,6 +9,7 @@ the bytes of a batch move on the NVMe store's I/O threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -519,12 +520,15 @@ class KVTierService:
             return {"block_bytes": self.block_bytes, "tiers": tiers, "pinned": len(self._pinned)}
 
     def close(self) -> None:
+        """Stop serving: later requests get "not configured" errors, never a closed file."""
         self._background.shutdown(wait=True)
         with self._lock:
             if self.nvme is not None:
                 self.nvme.store.close()
             if self.dram is not None:
-                self.dram.arena.close()
+                with contextlib.suppress(BufferError):  # a request's view still alive
+                    self.dram.arena.close()
+            self.dram = self.nvme = self.shared = None
 
 
 def _parent_bytes(entry: Entry) -> bytes:
