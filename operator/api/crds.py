@@ -18,7 +18,7 @@ from strata.operator.api.models import (
     ServiceTierSpec,
     ServiceTierStatus,
 )
-from strata.operator.api.schema import structural_schema
+from strata.operator.api.schema import filled_default, structural_schema
 
 JsonDict = dict[str, Any]
 
@@ -31,7 +31,7 @@ def _object_schema(
 ) -> JsonDict:
     spec_schema = structural_schema(spec)
     if not spec_required:
-        spec_schema["default"] = {}
+        spec_schema["default"] = filled_default(spec_schema)
     status_schema = structural_schema(status)
     status_schema["description"] = "Observed state, written by the operator through the status subresource."
     schema: JsonDict = {
@@ -43,7 +43,7 @@ def _object_schema(
                 "description": "APIVersion of this object: strata.dev/v1alpha1.",
             },
             "kind": {"type": "string", "description": "Kind of this object."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,
         },

@@ -105,6 +105,8 @@ def _type(node: JsonDict) -> str:
 def _default(node: JsonDict) -> str:
     if "default" not in node:
         return ""
+    if node.get("type") == "object":
+        return "its fields' defaults"
     return f"`{json.dumps(node['default'])}`"
 
 

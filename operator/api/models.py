@@ -72,25 +72,36 @@ def _as_cpu(value: object) -> object:
     return value
 
 
-def _int_or_string_schema(pattern: str) -> dict[str, Any]:
-    return {
+def _int_or_string_schema(pattern: str, *validations: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {
         "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "minimum": 0,  # the pattern covers strings; this covers integers
+        "maxLength": 64,  # bounds the cost of CEL rules that parse it
         "pattern": pattern,
         "x-kubernetes-int-or-string": True,
     }
+    if validations:
+        schema["x-kubernetes-validations"] = list(validations)
+    return schema
 
 
 # A size in bytes as a Kubernetes quantity ("8Gi", "500G", 1073741824). Kept as the string the
 # tenant wrote, so a round trip through the API does not rewrite it; `parse_size` gives bytes.
 Size = Annotated[str, BeforeValidator(_as_size), WithJsonSchema(_int_or_string_schema(SIZE_PATTERN))]
 # A CPU amount as a Kubernetes quantity ("4", "500m"); `parse_milli` gives millicores.
-Cpu = Annotated[str, BeforeValidator(_as_cpu), WithJsonSchema(_int_or_string_schema(QUANTITY_PATTERN))]
+_CPU_POSITIVE = rule(
+    "quantity(string(self)).isGreaterThan(quantity('0'))", "spec.resources.cpu must be positive"
+)
+Cpu = Annotated[
+    str, BeforeValidator(_as_cpu), WithJsonSchema(_int_or_string_schema(QUANTITY_PATTERN, _CPU_POSITIVE))
+]
 
 
 class ApiModel(BaseModel):
-    """Common configuration: camelCase on the wire, snake_case in Python, unknown fields refused."""
+    """camelCase on the wire, snake_case in Python; unknown fields and type coercions refused,
+    as the API server refuses them."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
 
 
 class StatusModel(BaseModel):
@@ -247,8 +258,7 @@ class CacheRequest(ApiModel):
 _REPLICA_RULES = rules(
     rule(
         "self.minReplicas <= self.maxReplicas",
-        message_expression="'spec.minReplicas (' + string(self.minReplicas) + "
-        "') must not exceed spec.maxReplicas (' + string(self.maxReplicas) + ')'",
+        "spec.minReplicas must not exceed spec.maxReplicas",
         field_path=".minReplicas",
     )
 )
@@ -425,8 +435,7 @@ def _capacity_rules(tier: str) -> dict[str, Any]:
     return rules(
         rule(
             size_le("self.defaultSize", "self.maxSize"),
-            message_expression=f"'spec.cache.{tier}.defaultSize (' + string(self.defaultSize) + "
-            f"') must not exceed spec.cache.{tier}.maxSize (' + string(self.maxSize) + ')'",
+            f"spec.cache.{tier}.defaultSize must not exceed spec.cache.{tier}.maxSize",
             field_path=".defaultSize",
         )
     )
@@ -515,8 +524,7 @@ class TierAutoscalingPolicy(ApiModel):
         json_schema_extra=rules(
             rule(
                 "self.minReplicas <= self.maxReplicas",
-                message_expression="'spec.autoscaling.minReplicas (' + string(self.minReplicas) + "
-                "') must not exceed spec.autoscaling.maxReplicas (' + string(self.maxReplicas) + ')'",
+                "spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
                 field_path=".minReplicas",
             ),
             rule(

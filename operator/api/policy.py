@@ -72,10 +72,6 @@ TIER_RULES: tuple[TierRule, ...] = (
         + TIER
         + " + 'autoscaling.minReplicas ' + string(params.spec.autoscaling.minReplicas)",
     ),
-    TierRule(
-        holds="object.spec.minReplicas > 0 || params.spec.autoscaling.scaleToZero",
-        message="'spec.minReplicas:' + " + TIER + " + 'does not allow scale to zero'",
-    ),
 )
 
 

@@ -38,7 +38,7 @@ def quantity_fraction(value: str | int) -> Fraction:
         return Fraction(value)
     if not isinstance(value, str):
         raise QuantityError(f"expected a quantity such as '8Gi' or an integer, got {type(value).__name__}")
-    match = _PARSE.match(value.strip())
+    match = _PARSE.match(value)
     if match is None:
         raise QuantityError(
             f"{value!r} is not a quantity: expected a number with an optional suffix "
@@ -64,7 +64,7 @@ def parse_quantity(value: str | int) -> int:
 
 def parse_size(value: str | int) -> int:
     """Bytes of a size quantity; refuses the milli suffix, which makes no sense for bytes."""
-    if isinstance(value, str) and value.strip().endswith("m"):
+    if isinstance(value, str) and value.endswith("m"):
         raise QuantityError(f"{value!r} is not a size: the 'm' (milli) suffix does not apply to bytes")
     return parse_quantity(value)
 

@@ -4,7 +4,7 @@ Pydantic emits JSON Schema 2020-12 with ``$ref``s, ``anyOf [X, null]`` for optio
 and numeric ``exclusiveMinimum``; a CRD needs a structural OpenAPI v3.0 schema: everything inline,
 one type per node, boolean ``exclusiveMinimum``, no titles. Optional fields become plain
 non-required fields (the API server prunes nulls of non-nullable fields before defaulting), and a
-nested object with defaults inside gets ``default: {}`` so the API server fills its fields in.
+nested object with defaults inside gets a default holding them, so an omitted section is filled in.
 """
 
 from __future__ import annotations
@@ -64,17 +64,22 @@ def _properties(props: JsonDict, required: list[str], defs: JsonDict, path: str)
         if "description" not in schema:
             raise SchemaError(f"{field_path}: every field needs a description (kubectl explain shows it)")
         optional = name not in required and not _is_nullable(prop)
-        if optional and "default" not in schema and _has_defaults_inside(schema):
-            schema["default"] = {}
+        if optional and "default" not in schema and schema.get("type") == "object":
+            filled = filled_default(schema)
+            if filled:
+                schema["default"] = filled
         converted[name] = schema
     return converted
 
 
-def _has_defaults_inside(schema: JsonDict) -> bool:
-    """An object that is never null and whose fields have defaults: default it to {} so they apply."""
-    if schema.get("type") != "object":
-        return False
-    return any("default" in p or _has_defaults_inside(p) for p in schema.get("properties", {}).values())
+def filled_default(schema: JsonDict) -> JsonDict:
+    """The default of an object that is never null: each field's own default, spelled out.
+
+    ``default: {}`` would be filled in the same way by the API server, but CEL rules are checked
+    against the literal default when the CRD is created, so it must already hold every field.
+    Nested objects were converted first, so their defaults are already complete.
+    """
+    return {name: prop["default"] for name, prop in schema.get("properties", {}).items() if "default" in prop}
 
 
 def _is_nullable(prop: JsonDict) -> bool:

@@ -77,6 +77,7 @@ def _gpu_violations(spec: InferenceServiceSpec, tier: ServiceTierSpec, name: str
 
 def _replica_violations(spec: InferenceServiceSpec, tier: ServiceTierSpec, name: str) -> list[Violation]:
     found: list[Violation] = []
+    # minReplicas 0 needs a tier with minReplicas 0, which the tier may set only with scaleToZero.
     policy = tier.autoscaling
     if spec.max_replicas > policy.max_replicas:
         found.append(
@@ -94,6 +95,4 @@ def _replica_violations(spec: InferenceServiceSpec, tier: ServiceTierSpec, name:
                 f"autoscaling.minReplicas {policy.min_replicas}",
             )
         )
-    if spec.min_replicas == 0 and not policy.scale_to_zero:
-        found.append(Violation("spec.minReplicas", f"ServiceTier {name} does not allow scale to zero"))
     return found
