@@ -26,6 +26,10 @@ UP_TIMEOUT_S = 300.0
 DOWN_TIMEOUT_S = 30.0
 
 
+class NotAClusterDirectoryError(ValueError):
+    """``--dir`` points at a directory holding files a cluster did not write."""
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
     with contextlib.suppress(ChildProcessError):
@@ -58,7 +62,9 @@ def _clear_directory(directory: Path) -> None:
     ours = {"pki", "logs", "etcd-data", "kubeconfigs", "kubeconfig", "state.json", ".kube-cache"}
     strangers = sorted(p.name for p in directory.iterdir() if p.name not in ours)
     if strangers:
-        raise SystemExit(f"strata cluster: {directory} holds files that are not a cluster's: {strangers}")
+        raise NotAClusterDirectoryError(
+            f"--dir {directory}: holds files that are not a cluster's: {strangers}"
+        )
     shutil.rmtree(directory)
 
 
@@ -214,6 +220,6 @@ def main(argv: list[str]) -> int:
         if args.command == "env":
             return cmd_env(args.dir)
         return cmd_status(args.dir)
-    except binaries.MissingBinariesError as error:
+    except (binaries.MissingBinariesError, NotAClusterDirectoryError) as error:
         print(f"strata cluster: {error}", file=sys.stderr)
         return 1

@@ -1,0 +1,63 @@
+"""Packaging invariants: the operator never imports torch; nothing we ship shadows the standard library."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Imports everything the operator process can load, then reports which heavy modules came along.
+# Run in a fresh interpreter: this test process may already have torch from other tests.
+IMPORT_OPERATOR_GRAPH = textwrap.dedent(
+    """
+    import importlib, json, pkgutil, sys
+    import strata.cli, strata.worker.config, strata.operator
+
+    def fail(name):
+        raise ImportError(f"cannot import {name}")
+
+    for module in pkgutil.walk_packages(strata.operator.__path__, "strata.operator.", onerror=fail):
+        importlib.import_module(module.name)
+    print(json.dumps({"torch": "torch" in sys.modules, "modules": sorted(sys.modules)}))
+    """
+)
+
+
+def test_operator_import_graph_never_pulls_in_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_OPERATOR_GRAPH],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "strata.worker.config" in report["modules"]
+    assert report["torch"] is False, "the operator's import graph pulled in torch"
+
+
+def test_distribution_ships_only_the_strata_top_level_package() -> None:
+    top_level = importlib.metadata.distribution("strata").read_text("top_level.txt") or ""
+    names = set(top_level.split())
+    assert names == {"strata"}
+    assert not names & sys.stdlib_module_names
+
+
+def test_import_operator_gives_the_standard_library_from_the_repo_root() -> None:
+    # `python -c` puts the current directory first on sys.path, and the repository has an
+    # operator/ folder (imported as strata.operator); the stdlib module must still win.
+    result = subprocess.run(
+        [sys.executable, "-c", "import operator; print(operator.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    assert Path(result.stdout.strip()).parent == Path(sysconfig.get_paths()["stdlib"])
