@@ -1,0 +1,127 @@
+"""Write every child of one service with server-side apply, and retire what no longer belongs.
+
+Order matters only where admission or scheduling depends on it: the PriorityClass before any
+pod (admission rejects an unknown class), the ConfigMap and claims before the workload."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.operator import names
+from strata.operator.events import EventSink
+from strata.operator.kube import KubeClient, KubeError, Obj
+from strata.operator.metrics import OperatorMetrics
+from strata.operator.plan import OwnerRef, ServicePlan
+from strata.operator.render.configmap import render_configmap
+from strata.operator.render.pdb import render_pdb
+from strata.operator.render.priorityclass import render_priorityclass
+from strata.operator.render.services import render_client_service, render_metrics_service
+from strata.operator.render.storage import render_shared_claim
+from strata.operator.render.workload import render_workload
+from strata.operator.settings import OperatorSettings
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+
+
+@dataclass
+class Applier:
+    kube: KubeClient
+    settings: OperatorSettings
+    metrics: OperatorMetrics
+    events: EventSink
+    # (kind, namespace, name) -> generation (or resourceVersion) our last apply left behind:
+    # a different value on the next apply means that apply changed the object.
+    seen: dict[tuple[str, str, str], str] = field(default_factory=dict)
+
+    async def apply_service(
+        self, plan: ServicePlan, owner: Mapping[str, Any], tier: Mapping[str, Any]
+    ) -> Obj:
+        """Apply every child of ``plan``; returns the workload as the API server now has it."""
+        await self.apply_priority_class(tier)
+        await self._retire_other_workload(plan, owner)
+        side = [
+            render_configmap(plan),
+            render_client_service(plan),
+            render_metrics_service(plan),
+            render_pdb(plan),
+        ]
+        claim = render_shared_claim(plan)
+        if claim is not None:
+            side.append(claim)
+        await asyncio.gather(*(self.apply(m, owner) for m in side))
+        return await self.apply(render_workload(plan, self.settings), owner)
+
+    async def apply(self, manifest: Mapping[str, Any], event_target: Mapping[str, Any]) -> Obj:
+        obj, created = await self.kube.apply_created(manifest)
+        kind, meta = manifest["kind"], obj.get("metadata", {})
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        marker = str(meta.get("generation") or meta.get("resourceVersion", ""))
+        before = self.seen.get(key)
+        self.seen[key] = marker
+        if created:
+            outcome = "created"
+            self.events(event_target, "Normal", "Created", f"created {kind} {key[2]}")
+        elif before is not None and before != marker:
+            outcome = "updated"
+            self.events(event_target, "Normal", "Updated", f"re-applied {kind} {key[2]}: it had changed")
+        else:
+            outcome = "unchanged"
+        self.metrics.applied.labels(kind=kind, outcome=outcome).inc()
+        return obj
+
+    async def apply_priority_class(self, tier: Mapping[str, Any]) -> Obj:
+        meta, spec = tier["metadata"], tier.get("spec", {})
+        owner = OwnerRef(names.API_VERSION, names.TIER_KIND, meta["name"], meta["uid"])
+        manifest = render_priorityclass(
+            meta["name"], int(spec.get("priority", 0)), owner, spec.get("description", "")
+        )
+        try:
+            return await self.apply(manifest, tier)
+        except KubeError as exc:
+            if exc.status != 422:
+                raise
+        # A PriorityClass's value is immutable: a tier whose priority changed gets a new class.
+        # Running pods keep the priority they were admitted with; new pods get the new one.
+        current = await self.kube.get(manifest["apiVersion"], "PriorityClass", manifest["metadata"]["name"])
+        if current is not None:
+            await self.kube.delete(
+                manifest["apiVersion"],
+                "PriorityClass",
+                current["metadata"]["name"],
+                uid=current["metadata"]["uid"],
+            )
+            self.events(
+                tier,
+                "Normal",
+                "Replaced",
+                f"PriorityClass {current['metadata']['name']} re-created with value {manifest['value']}",
+            )
+        return await self.apply(manifest, tier)
+
+    async def current_workload(self, namespace: str, name: str) -> Obj | None:
+        for kind in WORKLOAD_KINDS:
+            obj = await self.kube.get("apps/v1", kind, names.workload_name(name), namespace)
+            if obj is not None:
+                return obj
+        return None
+
+    async def _retire_other_workload(self, plan: ServicePlan, owner: Mapping[str, Any]) -> None:
+        """A tier that starts (or stops) keeping NVMe across restarts switches the workload kind;
+        the old one is deleted so the two never run side by side."""
+        other = "StatefulSet" if plan.workload_kind == "Deployment" else "Deployment"
+        old = await self.kube.get("apps/v1", other, names.workload_name(plan.name), plan.namespace)
+        if old is None or not owned_by(old, plan.owner.uid):
+            return
+        if await self.kube.delete(
+            "apps/v1", other, old["metadata"]["name"], plan.namespace, old["metadata"]["uid"]
+        ):
+            self.events(
+                owner, "Normal", "Replaced", f"deleted {other} {plan.name}: now a {plan.workload_kind}"
+            )
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []) or [])

@@ -1,0 +1,80 @@
+"""``strata operator``: run the InferenceService operator (kopf) with Strata's settings.
+
+Flags override the ``STRATA_*`` environment variables the Helm chart sets; both end up in one
+frozen :class:`OperatorSettings`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from strata.operator.settings import OperatorSettings, SettingsError, settings_from, settings_from_env
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="strata operator", description="Run the Strata InferenceService operator."
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("-n", "--namespace", action="append", default=[], help="watch only these namespaces")
+    p.add_argument("--peering", default="strata", help="ClusterKopfPeering name shared by the replicas")
+    p.add_argument("--priority", type=int, default=0, help="peering priority: the highest live one is active")
+    p.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
+    p.add_argument("--metrics-port", help="Prometheus port (env STRATA_METRICS_PORT, default 9090)")
+    p.add_argument("--worker-image", help="default worker image (env STRATA_WORKER_IMAGE)")
+    p.add_argument("--nvme-volume", choices=["ephemeral", "hostPath"], help="local NVMe volume source")
+    p.add_argument("--nvme-host-path", help="host directory for --nvme-volume hostPath")
+    p.add_argument("--tolerations", help="JSON list of extra tolerations for worker pods")
+    p.add_argument("--log-format", choices=["json", "plain"], default="json")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def build_settings(args: argparse.Namespace) -> OperatorSettings:
+    env = settings_from_env()
+    flags = settings_from(
+        {
+            "metrics_port": args.metrics_port,
+            "worker_image": args.worker_image,
+            "nvme_volume": args.nvme_volume,
+            "nvme_host_path": args.nvme_host_path,
+            "tolerations": args.tolerations,
+        }
+    )
+    default = OperatorSettings()
+    merged = {
+        name: getattr(flags, name) if getattr(flags, name) != getattr(default, name) else getattr(env, name)
+        for name in OperatorSettings.__dataclass_fields__
+    }
+    return OperatorSettings(**merged)
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = build_settings(args)
+    except SettingsError as exc:
+        print(f"strata operator: {exc}", file=sys.stderr)
+        return 2
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # read by kopf's login and by our client alike
+    import kopf
+
+    from strata.operator import handlers  # noqa: F401  (registers the handlers)
+
+    fmt = kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN
+    kopf.configure(verbose=args.verbose, log_format=fmt)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        standalone=args.standalone,
+        priority=args.priority,
+        peering_name=None if args.standalone else args.peering,
+        liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(strata_settings=settings),
+    )
+    return 0

@@ -1,0 +1,141 @@
+"""The kopf wiring: watches, indices and start-up. Thin on purpose; the logic is elsewhere.
+
+Every trigger (the service itself, any of its children, its tier) funnels into one level-based
+reconcile per service. Only ``on.event`` handlers are used: no finalizers and no progress
+annotations, so the operator can be killed at any moment and deleting a service never waits
+for it (owner references do the garbage collection). Run with ``strata operator`` or
+``kopf run -m strata.operator.handlers --all-namespaces``."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from typing import Any
+
+import kopf
+
+from strata.operator import names
+from strata.operator.events import kopf_sink
+from strata.operator.kube import KubeClient
+from strata.operator.runtime import Runtime, ServiceKey, TierIndex
+from strata.operator.settings import OperatorSettings, settings_from_env
+
+CHILD_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("apps", "v1", "statefulsets"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "persistentvolumeclaims"),
+    ("policy", "v1", "poddisruptionbudgets"),
+)
+MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config: OperatorSettings = memo.get("strata_settings") or settings_from_env()
+    configure(settings)
+    runtime = Runtime.build(KubeClient.from_environment(), config, kopf_sink)
+    if config.metrics_port:
+        runtime.metrics.serve(config.metrics_port)
+    memo["strata"] = runtime
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    # Watch streams that go silent are re-opened (kopf#1276); the liveness probe exposes hangs.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    # Resources are discovered once at start-up: no cluster-wide CRD or namespace watch (RBAC).
+    settings.scanning.disabled = True
+    # Our own Events say what happened; kopf's per-handler ones would only add noise.
+    settings.posting.level = logging.WARNING
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime | None = memo.get("strata")
+    if runtime is not None:
+        await runtime.close()
+
+
+@kopf.index(names.GROUP, names.VERSION, names.TIER_PLURAL)
+def tier_bodies(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: {"metadata": copy.deepcopy(dict(body.metadata)), "spec": copy.deepcopy(dict(body.spec))}}
+
+
+@kopf.index(names.GROUP, names.VERSION, names.ISVC_PLURAL)
+def services_by_tier(*, namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[str, ServiceKey]:
+    return {str(spec.get("tier", "standard")): (namespace or "", name)}
+
+
+@kopf.on.event(names.GROUP, names.VERSION, names.ISVC_PLURAL)
+async def service_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    runtime: Runtime = memo["strata"]
+    tier_bodies: TierIndex = kwargs["tier_bodies"]
+    key: ServiceKey = (body.metadata.namespace or "", body.metadata.name or "")
+    if type == "DELETED":
+        runtime.forget(key)
+        return
+    if type == "MODIFIED" and _status_only(body):
+        return  # our own status write (or a metadata edit): nothing to render differently
+    await runtime.reconcile(key, tier_bodies)
+
+
+@kopf.on.event(names.GROUP, names.VERSION, names.TIER_PLURAL)
+async def tier_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    runtime: Runtime = memo["strata"]
+    tier_bodies: TierIndex = kwargs["tier_bodies"]
+    services_by_tier: kopf.Index[str, ServiceKey] = kwargs["services_by_tier"]
+    name = body.metadata.name or ""
+    services = list(services_by_tier.get(name, []))
+    if type != "DELETED":
+        await runtime.tiers.reconcile_tier(_plain(body), len(services))
+    # At start-up every service reconciles on its own initial event; a status write is no change.
+    if type is None or (type == "MODIFIED" and _status_only(body)):
+        return
+    await asyncio.gather(*(runtime.reconcile(key, tier_bodies) for key in services))
+
+
+@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", labels=MANAGED)
+async def priorityclass_event(*, type: str, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
+    tier_bodies: TierIndex = kwargs["tier_bodies"]
+    if type not in ("MODIFIED", "DELETED"):
+        return
+    tier = next(iter(tier_bodies.get(labels.get(names.LABEL_TIER, ""), ())), None)
+    if tier is not None:
+        runtime: Runtime = memo["strata"]
+        await runtime.tiers.applier.apply_priority_class(tier)
+
+
+def _register_child_watches() -> None:
+    for group, version, plural in CHILD_RESOURCES:
+        kopf.on.event(group, version, plural, labels=MANAGED, id=f"child-{plural}")(child_event)
+
+
+async def child_event(
+    *, type: str, namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any
+) -> None:
+    """Any change to a child (deleted, edited by hand, or its status moved) re-runs its
+    service's reconcile, which repairs the child and refreshes the service's status."""
+    if type is None:
+        return  # start-up listing: the service's own initial event covers it
+    service = labels.get(names.LABEL_SERVICE)
+    if service and namespace:
+        runtime: Runtime = memo["strata"]
+        await runtime.reconcile((namespace, service), kwargs["tier_bodies"])
+
+
+def _status_only(body: kopf.Body) -> bool:
+    observed = (body.get("status") or {}).get("observedGeneration")
+    return observed is not None and observed == body.metadata.get("generation")
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    return copy.deepcopy(
+        {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
+    )
+
+
+_register_child_watches()

@@ -1,0 +1,210 @@
+"""A small async Kubernetes client: server-side apply, get, list, delete, status apply.
+
+The operator writes a handful of kinds, always the same way, so a table of kinds and aiohttp
+(already kopf's transport) keep every call non-blocking without the generated client's threads.
+Credentials come from the kubeconfig or the in-cluster service account, like kopf's own."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from strata.operator import names
+
+Obj = dict[str, Any]
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML, so the body is plain JSON
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    def base(self) -> str:
+        return f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+
+
+KINDS: dict[tuple[str, str], Kind] = {
+    ("v1", "ConfigMap"): Kind("", "v1", "configmaps", True),
+    ("v1", "Service"): Kind("", "v1", "services", True),
+    ("v1", "PersistentVolumeClaim"): Kind("", "v1", "persistentvolumeclaims", True),
+    ("v1", "Namespace"): Kind("", "v1", "namespaces", False),
+    ("apps/v1", "Deployment"): Kind("apps", "v1", "deployments", True),
+    ("apps/v1", "StatefulSet"): Kind("apps", "v1", "statefulsets", True),
+    ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets", True),
+    ("scheduling.k8s.io/v1", "PriorityClass"): Kind("scheduling.k8s.io", "v1", "priorityclasses", False),
+    (names.API_VERSION, names.ISVC_KIND): Kind(names.GROUP, names.VERSION, names.ISVC_PLURAL, True),
+    (names.API_VERSION, names.TIER_KIND): Kind(names.GROUP, names.VERSION, names.TIER_PLURAL, False),
+}
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def kind_of(api_version: str, kind: str) -> Kind:
+    try:
+        return KINDS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"the operator does not manage {kind} ({api_version})") from None
+
+
+def object_path(api_version: str, kind: str, name: str | None, namespace: str | None = None) -> str:
+    k = kind_of(api_version, kind)
+    if k.namespaced and not namespace:
+        raise ValueError(f"{kind} is namespaced: a namespace is required")
+    prefix = f"{k.base()}/namespaces/{quote(namespace or '')}" if k.namespaced else k.base()
+    return f"{prefix}/{k.plural}" + (f"/{quote(name)}" if name else "")
+
+
+class KubeClient:
+    def __init__(self, configuration: k8s_client.Configuration, field_manager: str = names.FIELD_MANAGER):
+        self._cfg = configuration
+        self._field_manager = field_manager
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None) -> KubeClient:
+        """In-cluster credentials when running in a pod, else the kubeconfig (``$KUBECONFIG``)."""
+        cfg = k8s_client.Configuration()
+        try:
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=cfg, persist_config=False
+            )
+        return cls(cfg)
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        if not self._cfg.verify_ssl:
+            return False
+        context = ssl.create_default_context(cafile=self._cfg.ssl_ca_cert)
+        if self._cfg.cert_file:
+            context.load_cert_chain(self._cfg.cert_file, self._cfg.key_file)
+        return context
+
+    def _headers(self) -> dict[str, str]:
+        token = self._cfg.get_api_key_with_prefix("authorization") or self._cfg.get_api_key_with_prefix(
+            "BearerToken"
+        )
+        return {"Authorization": token} if token else {}
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=64)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=30)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        return (
+            await self.request_with_code(method, path, params=params, body=body, content_type=content_type)
+        )[1]
+
+    async def request_with_code(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Obj]:
+        session = await self._http()
+        headers = {**self._headers(), "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        url = self._cfg.host.rstrip("/") + path
+        async with session.request(method, url, params=params, data=data, headers=headers) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise _error(resp.status, text)
+            parsed: Obj = json.loads(text) if text else {}
+            return resp.status, parsed
+
+    async def apply(self, manifest: Mapping[str, Any], *, subresource: str = "") -> Obj:
+        return (await self.apply_created(manifest, subresource=subresource))[0]
+
+    async def apply_created(self, manifest: Mapping[str, Any], *, subresource: str = "") -> tuple[Obj, bool]:
+        """Server-side apply under the operator's one field manager; force takes over fields that
+        a person edited by hand, which is exactly how drift is repaired. True when it created."""
+        meta = manifest["metadata"]
+        path = object_path(manifest["apiVersion"], manifest["kind"], meta["name"], meta.get("namespace"))
+        params = {"fieldManager": self._field_manager, "force": "true"}
+        code, obj = await self.request_with_code(
+            "PATCH",
+            path + (f"/{subresource}" if subresource else ""),
+            params=params,
+            body=manifest,
+            content_type=APPLY_PATCH,
+        )
+        return obj, code == 201
+
+    async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
+        try:
+            return await self.request("GET", object_path(api_version, kind, name, namespace))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None = None, label_selector: str = ""
+    ) -> list[Obj]:
+        k = kind_of(api_version, kind)
+        path = object_path(api_version, kind, None, namespace) if namespace else f"{k.base()}/{k.plural}"
+        params = {"labelSelector": label_selector} if label_selector else None
+        items: list[Obj] = (await self.request("GET", path, params=params)).get("items", [])
+        return items
+
+    async def delete(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None, uid: str | None = None
+    ) -> bool:
+        """Delete one object (only the incarnation with ``uid`` when given); False if it was gone."""
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self.request("DELETE", object_path(api_version, kind, name, namespace), body=body)
+        except KubeError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+
+def _error(status: int, text: str) -> KubeError:
+    try:
+        body = json.loads(text)
+        return KubeError(status, str(body.get("reason", "")), str(body.get("message", text)))
+    except (json.JSONDecodeError, AttributeError):
+        return KubeError(status, "", text[:500])

@@ -1,0 +1,87 @@
+"""The resolved plan of one InferenceService: everything rendering needs, already decided.
+
+``resolve`` (in ``strata.operator.resolve``) turns an InferenceService and its ServiceTier into
+a :class:`ServicePlan`; every ``render_*`` function reads only the plan and the operator
+settings. Keeping the plan frozen and free of API types makes rendering trivially testable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from strata.worker.config import WorkerConfig
+
+ModelSourceKind = Literal["pvc", "uri", "builtin"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from. ``pvc``: a claim mounted read-only; ``uri`` and ``builtin``:
+    an emptyDir the worker fills on start (download, or the built-in test model)."""
+
+    kind: ModelSourceKind
+    claim_name: str | None = None
+    sub_path: str | None = None
+    uri: str | None = None
+
+
+@dataclass(frozen=True)
+class NvmePlan:
+    size_bytes: int
+    storage_class: str | None
+    # Survives pod restarts: the workload becomes a StatefulSet with a claim template.
+    persistent: bool
+
+
+@dataclass(frozen=True)
+class SharedPlan:
+    """A ReadWriteMany claim per service, shared by its replicas."""
+
+    claim_name: str
+    size_bytes: int
+    storage_class: str | None
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    name: str
+    namespace: str
+    owner: OwnerRef
+    tier: str
+    priority_class: str
+    replicas: int
+    min_replicas: int
+    gpus: int
+    gpu_product: str | None
+    cpu: str | None
+    memory: str | None
+    dram_bytes: int
+    nvme: NvmePlan | None
+    shared: SharedPlan | None
+    model_source: ModelSource
+    image: str | None
+    worker: WorkerConfig
+
+    @property
+    def kv_sidecar(self) -> bool:
+        return self.worker.kvtier.enabled
+
+    @property
+    def workload_kind(self) -> Literal["Deployment", "StatefulSet"]:
+        return "StatefulSet" if self.nvme is not None and self.nvme.persistent else "Deployment"
+
+    @property
+    def http_port(self) -> int:
+        return self.worker.server.port
+
+    @property
+    def kv_metrics_port(self) -> int:
+        return self.worker.kvtier.metrics_port

@@ -1,0 +1,3 @@
+"""Pure functions from a ServicePlan (and the operator settings) to Kubernetes manifests.
+
+One module per child kind. Nothing here talks to the API server."""

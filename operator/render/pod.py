@@ -1,0 +1,188 @@
+"""The worker pod template: engine container, KV-tier native sidecar, placement, hardening."""
+
+from __future__ import annotations
+
+from strata.operator import names
+from strata.operator.plan import ServicePlan
+from strata.operator.render.common import Manifest, bytes_quantity
+from strata.operator.render.configmap import config_hash
+from strata.operator.render.volumes import engine_mounts, render_volumes, sidecar_mounts
+from strata.operator.settings import OperatorSettings
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+LOCAL_NVME_LABEL = "strata.dev/local-nvme"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
+SIDECAR_CPU = "500m"
+# Loading weights can take minutes; the startup probe holds liveness off for up to 15 minutes.
+STARTUP_PROBE_BUDGET_S = 900
+
+
+def render_pod_template(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
+    labels = {**names.common_labels(plan.name, plan.tier), names.LABEL_COMPONENT: "worker"}
+    spec: Manifest = {
+        "priorityClassName": plan.priority_class,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": pod_security_context(settings),
+        "nodeSelector": node_selector(plan),
+        "tolerations": tolerations(settings),
+        "topologySpreadConstraints": [topology_spread(plan)],
+        "containers": [engine_container(plan, settings)],
+        "volumes": render_volumes(plan, settings),
+    }
+    init = [c for c in (model_fetcher(plan, settings), kvtier_sidecar(plan, settings)) if c is not None]
+    if init:
+        spec["initContainers"] = init
+    return {
+        "metadata": {"labels": labels, "annotations": {names.ANNOTATION_CONFIG_HASH: config_hash(plan)}},
+        "spec": spec,
+    }
+
+
+def engine_container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
+    return {
+        "name": "engine",
+        "image": image(plan, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["strata", "worker", "serve", "--config", names.CONFIG_PATH],
+        "ports": [{"name": "http", "containerPort": plan.http_port, "protocol": "TCP"}],
+        "env": pod_env(),
+        "resources": engine_resources(plan),
+        "startupProbe": _http_probe("/health", "http", period_s=5, failures=STARTUP_PROBE_BUDGET_S // 5),
+        "livenessProbe": _http_probe("/health", "http", period_s=10, failures=3),
+        "readinessProbe": _http_probe("/ready", "http", period_s=5, failures=2),
+        "volumeMounts": engine_mounts(plan),
+        "securityContext": container_security_context(),
+    }
+
+
+def image(plan: ServicePlan, settings: OperatorSettings) -> str:
+    return plan.image or settings.worker_image
+
+
+def model_fetcher(plan: ServicePlan, settings: OperatorSettings) -> Manifest | None:
+    """An init container that fills the model emptyDir (download, or the built-in test model)
+    before anything else starts; a PVC-backed model needs none."""
+    source = plan.model_source
+    if source.kind == "pvc" or source.uri is None:
+        return None
+    return {
+        "name": "model",
+        "image": image(plan, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [
+            "strata",
+            "worker",
+            "fetch-model",
+            "--source",
+            source.uri,
+            "--dest",
+            plan.worker.model.path,
+        ],
+        "env": pod_env(),
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "volumeMounts": engine_mounts(plan),
+        "securityContext": container_security_context(),
+    }
+
+
+def kvtier_sidecar(plan: ServicePlan, settings: OperatorSettings) -> Manifest | None:
+    """A native sidecar (init container with restartPolicy Always): it starts, and reports
+    started, before the engine, and is stopped only after the engine has exited."""
+    if not plan.kv_sidecar:
+        return None
+    memory = bytes_quantity(plan.dram_bytes + SIDECAR_MEMORY_OVERHEAD_BYTES)
+    return {
+        "name": "kvtier",
+        "image": image(plan, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "restartPolicy": "Always",
+        "command": ["strata", "kvtier", "serve", "--config", names.CONFIG_PATH],
+        "ports": [{"name": "kv-metrics", "containerPort": plan.kv_metrics_port, "protocol": "TCP"}],
+        "env": pod_env(),
+        # The DRAM tier's pages in /dev/shm are charged to the sidecar that writes them.
+        "resources": {"requests": {"cpu": SIDECAR_CPU, "memory": memory}, "limits": {"memory": memory}},
+        "startupProbe": _http_probe("/health", "kv-metrics", period_s=2, failures=60),
+        "livenessProbe": _http_probe("/health", "kv-metrics", period_s=10, failures=3),
+        "readinessProbe": _http_probe("/health", "kv-metrics", period_s=5, failures=2),
+        "volumeMounts": sidecar_mounts(plan, settings),
+        "securityContext": container_security_context(),
+    }
+
+
+def engine_resources(plan: ServicePlan) -> Manifest:
+    # Extended resources must have requests equal to limits; 0 GPUs runs the worker on CPU.
+    requests: dict[str, str] = {GPU_RESOURCE: str(plan.gpus)} if plan.gpus else {}
+    limits: dict[str, str] = dict(requests)
+    if plan.cpu:
+        requests["cpu"] = plan.cpu  # no CPU limit: throttling the engine's scheduler loop hurts TTFT
+    if plan.memory:
+        requests["memory"] = limits["memory"] = plan.memory
+    return {"requests": requests, "limits": limits}
+
+
+def node_selector(plan: ServicePlan) -> dict[str, str]:
+    selector: dict[str, str] = {}
+    if plan.gpu_product:
+        selector[GPU_PRODUCT_LABEL] = plan.gpu_product
+    if plan.nvme is not None:
+        selector[LOCAL_NVME_LABEL] = "true"
+    return selector
+
+
+def tolerations(settings: OperatorSettings) -> list[Manifest]:
+    # GPU nodes are commonly tainted so that only GPU workloads land there.
+    gpu = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+    return [gpu, *(dict(t) for t in settings.tolerations)]
+
+
+def topology_spread(plan: ServicePlan) -> Manifest:
+    # ScheduleAnyway: spreading is a preference. GPUs are scarce, and refusing to schedule a
+    # replica because its node is already used would cost capacity rather than add resilience.
+    return {
+        "maxSkew": 1,
+        "topologyKey": HOSTNAME_KEY,
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": names.selector_labels(plan.name)},
+    }
+
+
+def pod_security_context(settings: OperatorSettings) -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": settings.uid,
+        "runAsGroup": settings.uid,
+        "fsGroup": settings.uid,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_env() -> list[Manifest]:
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+
+
+def _http_probe(path: str, port: str, *, period_s: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }

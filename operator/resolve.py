@@ -1,0 +1,186 @@
+"""InferenceService + ServiceTier -> ServicePlan: every decision about one service, pure.
+
+Errors are :class:`SpecRejected` with a condition reason and a message naming the field, so the
+reconciler can report them without touching the running workload."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from strata.operator import names
+from strata.operator.api import InferenceService, ServiceTier, check_against_tier, parse_size
+from strata.operator.plan import ModelSource, NvmePlan, OwnerRef, ServicePlan, SharedPlan
+from strata.operator.replicas import desired_replicas
+from strata.operator.tenancy import cache_namespace
+from strata.worker.config import (
+    DramTierConfig,
+    EngineConfig,
+    KVTierConfig,
+    ModelConfig,
+    NvmeTierConfig,
+    ServerConfig,
+    SharedTierConfig,
+    WorkerConfig,
+)
+
+MODEL_DIR = "/models"
+SERVER_PORT = 8000
+KV_METRICS_PORT = 8001
+
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_TIER_NOT_FOUND = "TierNotFound"
+REASON_INVALID_TIER = "InvalidTier"
+REASON_TIER_LIMITS = "TierLimitsExceeded"
+
+
+class SpecRejected(Exception):
+    """The service cannot be rendered as written; ``reason`` becomes the Accepted condition's."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ResolveInput:
+    """What resolve reads: the raw objects as the API server returned them."""
+
+    service: Mapping[str, Any]
+    tier: Mapping[str, Any] | None
+    namespace_uid: str
+
+
+def parse_service(body: Mapping[str, Any]) -> InferenceService:
+    try:
+        return InferenceService.model_validate(dict(body))
+    except ValidationError as exc:
+        raise SpecRejected(REASON_INVALID_SPEC, _first_error("spec", exc)) from None
+
+
+def parse_tier(body: Mapping[str, Any]) -> ServiceTier:
+    name = body.get("metadata", {}).get("name", "?")
+    try:
+        return ServiceTier.model_validate(dict(body))
+    except ValidationError as exc:
+        raise SpecRejected(REASON_INVALID_TIER, f"ServiceTier {name}: {_first_error('spec', exc)}") from None
+
+
+def resolve(given: ResolveInput) -> ServicePlan:
+    isvc = parse_service(given.service)
+    meta = isvc.metadata
+    if given.tier is None:
+        raise SpecRejected(REASON_TIER_NOT_FOUND, f"spec.tier: ServiceTier {isvc.spec.tier!r} does not exist")
+    tier = parse_tier(given.tier)
+    violations = check_against_tier(isvc.spec, tier.spec, isvc.spec.tier)
+    if violations:
+        raise SpecRejected(REASON_TIER_LIMITS, "; ".join(str(v) for v in violations))
+    return _plan(isvc, tier, meta, cache_namespace(meta["namespace"], given.namespace_uid))
+
+
+def _plan(isvc: InferenceService, tier: ServiceTier, meta: Mapping[str, Any], salt: str) -> ServicePlan:
+    spec, policy = isvc.spec, tier.spec.cache
+    dram = parse_size(spec.cache.dram if spec.cache.dram is not None else policy.dram.default_size)
+    nvme_size = parse_size(spec.cache.nvme if spec.cache.nvme is not None else policy.nvme.default_size)
+    nvme = (
+        NvmePlan(nvme_size, policy.nvme.storage_class_name, policy.nvme.survives_restart)
+        if nvme_size
+        else None
+    )
+    shared = (
+        SharedPlan(
+            names.shared_claim_name(meta["name"]),
+            parse_size(policy.shared.size_per_service),
+            policy.shared.storage_class_name,
+        )
+        if spec.cache.shared
+        else None
+    )
+    try:
+        worker = _worker_config(isvc, tier, dram, nvme_size, salt)
+    except ValidationError as exc:
+        raise SpecRejected(REASON_INVALID_SPEC, _first_error("worker config", exc)) from None
+    return ServicePlan(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        owner=OwnerRef(names.API_VERSION, names.ISVC_KIND, meta["name"], meta["uid"]),
+        tier=spec.tier,
+        priority_class=names.priority_class_name(spec.tier),
+        replicas=desired_replicas(spec.replicas, spec.min_replicas, spec.max_replicas),
+        min_replicas=spec.min_replicas,
+        gpus=spec.resources.gpus,
+        gpu_product=spec.resources.gpu_product,
+        cpu=spec.resources.cpu,
+        memory=spec.resources.memory,
+        dram_bytes=dram,
+        nvme=nvme,
+        shared=shared,
+        model_source=_model_source(isvc),
+        image=spec.engine.image,
+        worker=worker,
+    )
+
+
+def _model_source(isvc: InferenceService) -> ModelSource:
+    source = isvc.spec.model.source
+    if source.pvc is not None:
+        return ModelSource("pvc", claim_name=source.pvc.claim_name, sub_path=source.pvc.path or None)
+    if source.uri is not None:
+        return ModelSource("uri", uri=source.uri)
+    return ModelSource("builtin", uri=f"builtin://{source.builtin}")
+
+
+def model_path(isvc: InferenceService) -> str:
+    # A PVC's sub-path is mounted at MODEL_DIR itself; fetched models get a directory of their own.
+    return MODEL_DIR if isvc.spec.model.source.pvc is not None else f"{MODEL_DIR}/model"
+
+
+def _worker_config(
+    isvc: InferenceService, tier: ServiceTier, dram: int, nvme: int, salt: str
+) -> WorkerConfig:
+    spec, policy = isvc.spec, tier.spec.cache
+    shared_bytes = parse_size(policy.shared.size_per_service) if spec.cache.shared else 0
+    return WorkerConfig(
+        model=ModelConfig(
+            name=spec.model.name,
+            path=model_path(isvc),
+            dtype=spec.model.dtype,
+            max_context_tokens=spec.model.max_context_tokens,
+        ),
+        engine=EngineConfig(
+            device="cuda" if spec.resources.gpus > 0 else "cpu",
+            block_size=spec.engine.block_size,
+            kv_memory_fraction=policy.hbm.kv_fraction,
+            max_num_seqs=spec.engine.max_num_seqs,
+            max_batched_tokens=spec.engine.max_batched_tokens,
+        ),
+        server=ServerConfig(port=SERVER_PORT),
+        kvtier=KVTierConfig(
+            enabled=bool(dram or nvme or spec.cache.shared),
+            dram=DramTierConfig(capacity_bytes=dram, eviction=policy.dram.eviction),
+            nvme=NvmeTierConfig(
+                capacity_bytes=nvme,
+                eviction=policy.nvme.eviction,
+                admit_after_hits=policy.nvme.admit_after_hits,
+                persistent=policy.nvme.survives_restart,
+            ),
+            shared=SharedTierConfig(enabled=spec.cache.shared, capacity_bytes=shared_bytes),
+            write_mode=policy.write_mode,
+            retention_s=float(policy.retention_seconds) if policy.retention_seconds else None,
+            priority=tier.spec.priority,
+            metrics_port=KV_METRICS_PORT,
+        ),
+        cache_namespace=salt,
+        service_tier=tier.metadata.get("name", spec.tier),
+    )
+
+
+def _first_error(prefix: str, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or prefix
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {err['msg']}{more}"

@@ -1,0 +1,99 @@
+"""How this cluster provides what services need: one frozen object, built from flags or env.
+
+The InferenceService and its ServiceTier say *what* a service needs; these settings say *how*
+this particular cluster provides it (worker image, whether local NVMe comes from a volume
+provisioner or from a host directory, extra tolerations for GPU node taints)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+NvmeVolumeMode = Literal["ephemeral", "hostPath"]
+NVME_VOLUME_MODES: tuple[NvmeVolumeMode, ...] = ("ephemeral", "hostPath")
+
+
+class SettingsError(ValueError):
+    """A setting has a value the operator cannot use; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    worker_image: str = "ghcr.io/strata-dev/strata-worker:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    # "ephemeral": a generic ephemeral volume (or claim template) with the tier's storage class;
+    # "hostPath": a directory on the node, for clusters without a local-volume provisioner.
+    nvme_volume: NvmeVolumeMode = "ephemeral"
+    nvme_host_path: str = "/var/lib/strata/nvme"
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    resync_interval_s: float = 60.0
+    metrics_port: int = 9090
+    uid: int = 10001
+
+
+_ENV = {
+    "worker_image": "STRATA_WORKER_IMAGE",
+    "image_pull_policy": "STRATA_IMAGE_PULL_POLICY",
+    "nvme_volume": "STRATA_NVME_VOLUME",
+    "nvme_host_path": "STRATA_NVME_HOST_PATH",
+    "tolerations": "STRATA_TOLERATIONS",
+    "resync_interval_s": "STRATA_RESYNC_INTERVAL_S",
+    "metrics_port": "STRATA_METRICS_PORT",
+}
+
+
+def settings_from(values: Mapping[str, str | None]) -> OperatorSettings:
+    """Settings from string values keyed like the dataclass fields; unset keys keep defaults."""
+    given = {k: v for k, v in values.items() if v is not None and v != ""}
+    kwargs: dict[str, Any] = {}
+    for key, raw in given.items():
+        kwargs[key] = _convert(key, raw)
+    return OperatorSettings(**kwargs)
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> OperatorSettings:
+    env = os.environ if environ is None else environ
+    return settings_from({key: env.get(var) for key, var in _ENV.items()})
+
+
+def env_name(key: str) -> str:
+    return _ENV[key]
+
+
+def _convert(key: str, raw: str) -> Any:
+    if key not in _ENV:
+        raise SettingsError(f"unknown operator setting {key!r}")
+    if key == "nvme_volume":
+        if raw not in NVME_VOLUME_MODES:
+            raise SettingsError(f"{_ENV[key]}: {raw!r} is not one of {', '.join(NVME_VOLUME_MODES)}")
+        return raw
+    if key == "tolerations":
+        return _tolerations(raw)
+    if key in ("resync_interval_s", "metrics_port"):
+        return _positive_number(key, raw)
+    if key == "nvme_host_path" and not raw.startswith("/"):
+        raise SettingsError(f"{_ENV[key]}: {raw!r} must be an absolute path")
+    return raw
+
+
+def _positive_number(key: str, raw: str) -> float | int:
+    try:
+        value: float | int = int(raw) if key == "metrics_port" else float(raw)
+    except ValueError:
+        raise SettingsError(f"{_ENV[key]}: {raw!r} is not a number") from None
+    if value <= 0:
+        raise SettingsError(f"{_ENV[key]}: must be positive, got {raw!r}")
+    return value
+
+
+def _tolerations(raw: str) -> tuple[Mapping[str, Any], ...]:
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{_ENV['tolerations']}: not JSON ({exc.msg})") from None
+    if not isinstance(parsed, list) or not all(isinstance(t, dict) for t in parsed):
+        raise SettingsError(f"{_ENV['tolerations']}: must be a JSON list of toleration objects")
+    return tuple(parsed)
