@@ -32,7 +32,12 @@ def kvtier_config(root: Path, **overrides: Any) -> KVTierConfig:
         "socket_path": str(root / "kv.sock"),
         "metrics_port": 8001,
         "dram": {"capacity_bytes": 4 * MiB, "shm_path": str(root / "shm" / "kv")},
-        "nvme": {"capacity_bytes": 8 * MiB, "path": str(root / "nvme"), "admit_after_hits": 0, "persistent": True},
+        "nvme": {
+            "capacity_bytes": 8 * MiB,
+            "path": str(root / "nvme"),
+            "admit_after_hits": 0,
+            "persistent": True,
+        },
         "shared": {"enabled": False, "path": str(root / "shared"), "capacity_bytes": 16 * MiB},
     }
     for key, value in overrides.items():

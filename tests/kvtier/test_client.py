@@ -4,6 +4,7 @@ every tier, graceful degradation when the sidecar is absent, and tenant isolatio
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -51,7 +52,7 @@ def test_dram_round_trip_is_bit_exact(root, start_sidecar, dtype):
 @pytest.mark.parametrize("tier", ["nvme", "shared"])
 def test_lower_tier_round_trip_is_bit_exact(root, start_sidecar, tier):
     # DRAM holds 2 blocks, so 12 blocks push 10 down to NVMe (or, NVMe off, to the shared tier).
-    overrides: dict[str, object] = {"dram": {"capacity_bytes": 2 * 16384}}
+    overrides: dict[str, Any] = {"dram": {"capacity_bytes": 2 * 16384}}
     if tier == "shared":
         overrides |= {"nvme": {"capacity_bytes": 0}, "shared": {"enabled": True}}
     start_sidecar(worker_config(root, **overrides).kvtier)

@@ -34,7 +34,17 @@ def key(i: int) -> bytes:
 def spawn(config_path: Path, socket_path: Path) -> subprocess.Popen[bytes]:
     socket_path.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "strata", "kvtier", "serve", "--config", str(config_path), "--log-level", "WARNING"],
+        [
+            sys.executable,
+            "-m",
+            "strata",
+            "kvtier",
+            "serve",
+            "--config",
+            str(config_path),
+            "--log-level",
+            "WARNING",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -35,7 +35,7 @@ def test_next_uses():
 def test_optimal_bounds_online_policies_on_random_chains():
     rng = random.Random(7)
     prefixes = [[rng.randrange(10_000) for _ in range(rng.randrange(1, 6))] for _ in range(40)]
-    trace = [rng.choice(prefixes) + [rng.randrange(10_000, 20_000)] for _ in range(600)]
+    trace = [[*rng.choice(prefixes), rng.randrange(10000, 20000)] for _ in range(600)]
     for capacity in (5, 20, 60):
         best = optimal_hit_ratio(trace, capacity)
         for policy in ("lru", "prefix-aware"):

@@ -54,6 +54,7 @@ class TierClient:
         self._arena: SlotArena | None = None
         self._slots: torch.Tensor | None = None  # uint8 view over the whole arena
         self._retry_at = 0.0
+        self._max_batch = 1
         self.corrupt_blocks = 0
 
     # ---- KVConnector ----
@@ -103,6 +104,17 @@ class TierClient:
     # ---- the data path ----
 
     def _load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
+        self._connected()
+        loaded = 0
+        for start in range(0, min(len(hashes), len(out)), self._max_batch):
+            stop = start + self._max_batch
+            got = self._load_batch(hashes[start:stop], out[start:stop])
+            loaded += got
+            if got < len(hashes[start:stop]):
+                break
+        return loaded
+
+    def _load_batch(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
         reply = self._call({"op": "get", "keys": [h.hex() for h in hashes[: len(out)]]})
         slots: list[int] = reply["slots"]
         loaded = 0
@@ -128,17 +140,24 @@ class TierClient:
         returns how many blocks the sidecar committed (with write-through to a persistent NVMe
         tier: durable). Blocks the tiers already hold are not sent again."""
         with self._lock:
-            reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
-            keys, parents, slots = [], [], []
-            for block, tensor, slot in zip(blocks, data, reply["slots"], strict=True):
-                if slot is None:
-                    continue
-                self._typed(self._raw(slot)).copy_(tensor)
-                keys.append(block.hash.hex())
-                parents.append(block.parent.hex())
-                slots.append(slot)
-            stored: int = self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})["stored"]
-            return stored
+            self._connected()
+            return sum(
+                self._save_batch(blocks[i : i + self._max_batch], data[i : i + self._max_batch])
+                for i in range(0, len(blocks), self._max_batch)
+            )
+
+    def _save_batch(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
+        reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
+        keys, parents, slots = [], [], []
+        for block, tensor, slot in zip(blocks, data, reply["slots"], strict=True):
+            if slot is None:
+                continue
+            self._typed(self._raw(slot)).copy_(tensor)
+            keys.append(block.hash.hex())
+            parents.append(block.parent.hex())
+            slots.append(slot)
+        stored: int = self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})["stored"]
+        return stored
 
     def _raw(self, slot: int) -> torch.Tensor:
         assert self._slots is not None and self._arena is not None
@@ -193,6 +212,7 @@ class TierClient:
         self._unmap()
         self._arena = SlotArena(hello["shm_path"], hello["slot_bytes"], hello["num_slots"], create=False)
         self._slots = torch.frombuffer(self._arena.mmap, dtype=torch.uint8)
+        self._max_batch = max(1, int(hello.get("max_batch", 1)))
 
     def _unmap(self) -> None:
         self._slots = None

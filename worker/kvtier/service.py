@@ -82,6 +82,8 @@ class KVTierService:
                 "slot_bytes": self.slot_bytes,
                 "num_slots": self.dram.arena.num_slots,
                 "shm_path": str(self.dram.arena.path),
+                # A batch this size always finds slots (staging when DRAM is full or pinned).
+                "max_batch": self.staging_slots,
             }
 
     def _build(self, block_bytes: int) -> None:
@@ -398,6 +400,7 @@ class KVTierService:
     def put(self, owner: Owner, blocks: Sequence[PutBlock]) -> int:
         """Commit blocks the engine copied into its reserved slots; returns how many were kept.
         The checksum is taken here, from the bytes actually in shared memory."""
+        started = time.perf_counter()
         with self._lock:
             dram = self._require()
             now = time.time()
@@ -415,6 +418,7 @@ class KVTierService:
                 dram.index.add(block.key, entry)
                 stored.append((block.key, entry))
             self.metrics.written_bytes.labels("dram").inc(len(stored) * self.block_bytes)
+            self.metrics.write_seconds.labels("dram").observe(time.perf_counter() - started)
             if self.config.write_mode == "write-through":
                 self._write_down(stored, demoting=False)
             self._write_down([(k, e) for k, e in staged if dram.is_staging(e.slot)], demoting=False)

@@ -1,0 +1,216 @@
+"""The block service's policies, driven directly (no socket): promotion and demotion, NVMe
+admission, write-through, pins, retention, full disks, warm restarts and metrics."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+import urllib.request
+
+import pytest
+
+from strata.worker.kvtier.server import Sidecar
+from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
+
+from .conftest import kvtier_config
+
+BLOCK = 4096
+ROOT = b"\xff" * 16  # the chain's root: not a block key
+
+
+def key(n: int) -> bytes:
+    return n.to_bytes(16, "big")
+
+
+def payload(n: int) -> bytes:
+    return n.to_bytes(4, "big") * (BLOCK // 4)
+
+
+def put(service: KVTierService, numbers: list[int], batch: int = 2) -> int:
+    """Commit blocks ``batch`` at a time (as the client does, within the staging area)."""
+    return sum(_put(service, numbers[i : i + batch]) for i in range(0, len(numbers), batch))
+
+
+def _put(service: KVTierService, numbers: list[int]) -> int:
+    owner = Owner()
+    slots = service.reserve(owner, [key(n) for n in numbers])
+    blocks = []
+    for n, slot in zip(numbers, slots, strict=True):
+        if slot is not None:
+            assert service.dram is not None
+            service.dram.block(slot)[:] = payload(n)
+            blocks.append(PutBlock(key(n), key(n - 1) if n else ROOT, slot))
+    return service.put(owner, blocks)
+
+
+def get(service: KVTierService, numbers: list[int], batch: int = 2) -> list[bytes]:
+    """Read blocks ``batch`` at a time, as the client does; stops at the first miss."""
+    data: list[bytes] = []
+    for i in range(0, len(numbers), batch):
+        got = _get(service, numbers[i : i + batch])
+        data += got
+        if len(got) < len(numbers[i : i + batch]):
+            break
+    return data
+
+
+def _get(service: KVTierService, numbers: list[int]) -> list[bytes]:
+    owner = Owner()
+    found = service.get(owner, [key(n) for n in numbers])
+    assert service.dram is not None
+    data = [bytes(service.dram.block(slot)) for slot, _ in found]
+    service.release(owner, [slot for slot, _ in found])
+    return data
+
+
+def make(root, **overrides) -> KVTierService:
+    service = KVTierService(kvtier_config(root, **overrides), staging_slots=4)
+    service.configure(BLOCK)
+    return service
+
+
+def test_write_back_demotes_dram_victims_to_nvme_and_promotes_on_get(root):
+    service = make(root, dram={"capacity_bytes": 4 * BLOCK})
+    put(service, list(range(10)))
+    found = service.lookup([key(n) for n in range(10)])
+    assert len(found) == 10 and found.count("dram") == 4, found
+    assert service.metrics.demotions.labels("nvme")._value.get() == 6
+    assert get(service, list(range(10))) == [payload(n) for n in range(10)]
+    assert service.metrics.promotions.labels("dram")._value.get() >= 4
+    service.close()
+
+
+def test_nvme_admits_only_blocks_seen_more_than_admit_after_hits(root):
+    service = make(root, dram={"capacity_bytes": 2 * BLOCK}, nvme={"admit_after_hits": 1})
+    put(service, [0, 1])
+    get(service, [0])  # block 0 seen twice
+    put(service, [2, 3])  # evicts 0 and 1 from DRAM
+    assert service.lookup([key(0)]) == ["nvme"]
+    assert service.lookup([key(1)]) == []
+    service.close()
+
+
+def test_write_through_stores_every_tier_at_once(root):
+    service = make(root, write_mode="write-through", shared={"enabled": True})
+    put(service, [0, 1])
+    assert service.nvme is not None and service.shared is not None
+    assert key(0) in service.nvme.index and key(1) in service.shared.index
+    service.close()
+
+
+def test_dram_disabled_goes_straight_to_lower_tiers_through_staging(root):
+    service = make(root, dram={"capacity_bytes": 0})
+    assert put(service, [0, 1, 2]) == 3
+    assert service.lookup([key(0), key(1), key(2)]) == ["nvme"] * 3
+    assert get(service, [0, 1, 2]) == [payload(n) for n in range(3)]
+    service.close()
+
+
+def test_pinned_blocks_stay_in_dram(root):
+    service = make(root, dram={"capacity_bytes": 3 * BLOCK})
+    service.pin([key(0), key(1)])
+    put(service, list(range(8)))
+    assert service.lookup([key(0), key(1)]) == ["dram", "dram"]
+    service.close()
+
+
+def test_prefetch_promotes_to_dram(root):
+    service = make(root, dram={"capacity_bytes": 4 * BLOCK})
+    put(service, list(range(8)))
+    service.prefetch([key(0), key(1)])
+    service._background.submit(lambda: None).result()  # wait for the hint to be acted on
+    assert service.lookup([key(0), key(1)]) == ["dram", "dram"]
+    service.close()
+
+
+def test_retention_drops_unused_blocks(root):
+    service = make(root, retention_s=60.0, write_mode="write-through")
+    put(service, [0, 1])
+    assert service.sweep(now=time.time() + 30) == 0
+    assert service.sweep(now=time.time() + 120) == 4  # two in DRAM, two in NVMe
+    assert service.lookup([key(0)]) == []
+    service.close()
+
+
+def test_full_disk_refuses_blocks_and_keeps_serving(root, monkeypatch):
+    service = make(root, dram={"capacity_bytes": 2 * BLOCK})
+
+    def no_space(fd, buffers, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", no_space)
+    put(service, list(range(6)))  # demotions fail: the blocks are dropped, nothing raises
+    assert service.lookup([key(4), key(5)]) == ["dram", "dram"]
+    assert service.lookup([key(0)]) == []
+    assert service.metrics.errors.labels("nvme")._value.get() >= 1
+    monkeypatch.undo()
+    put(service, [10, 11, 12])  # the disk has room again
+    assert service.lookup([key(4)]) == ["nvme"]
+    service.close()
+
+
+def test_warm_restart_serves_nvme_blocks_and_drops_torn_ones(root):
+    service = make(root, dram={"capacity_bytes": 2 * BLOCK})
+    put(service, list(range(8)))
+    assert service.nvme is not None
+    torn_slot = service.nvme.index.get(key(3)).slot  # type: ignore[union-attr]
+    service.close()
+    with open(root / "nvme" / "blocks.dat", "r+b") as data:  # half a block overwritten, no record
+        data.seek(torn_slot * BLOCK + BLOCK // 2)
+        data.write(os.urandom(BLOCK // 2))
+
+    again = make(root, dram={"capacity_bytes": 2 * BLOCK})
+    assert again.lookup([key(n) for n in range(6)]) == ["nvme"] * 6
+    assert get(again, [0, 1, 2]) == [payload(n) for n in range(3)]
+    assert get(again, [3, 4]) == []  # the torn block is never served ...
+    assert again.lookup([key(3)]) == []  # ... and is gone from the index
+    assert again.metrics.corrupt_blocks.labels("nvme")._value.get() == 1
+    again.close()
+
+
+def test_unreachable_shared_tier_degrades_to_lower_tiers(root):
+    blocker = root / "blocker"
+    blocker.write_text("")
+    service = make(
+        root,
+        dram={"capacity_bytes": 2 * BLOCK},
+        nvme={"capacity_bytes": 0},
+        shared={"enabled": True, "path": str(blocker / "shared")},
+    )
+    put(service, list(range(4)))  # demotions to the shared tier fail quietly
+    assert service.lookup([key(2), key(3)]) == ["dram", "dram"]
+    assert service.lookup([key(0)]) == []
+    assert service.shared is not None and not service.shared.healthy
+    service.close()
+
+
+def test_put_into_a_slot_not_reserved_is_refused(root):
+    service = make(root)
+    with pytest.raises(ValueError, match="slot 0 is not reserved"):
+        service.put(Owner(), [PutBlock(key(0), ROOT, 0)])
+    service.close()
+
+
+def test_dropped_connection_returns_its_slots(root):
+    service = make(root, dram={"capacity_bytes": 2 * BLOCK})
+    owner = Owner()
+    assert None not in service.reserve(owner, [key(0), key(1)])
+    service.drop_owner(owner)
+    assert service.dram is not None and service.dram.free_slots() == 2
+    service.close()
+
+
+def test_metrics_and_health_endpoints(root):
+    sidecar = Sidecar(kvtier_config(root), block_bytes=BLOCK, metrics_port=18977)
+    sidecar.start()
+    try:
+        put(sidecar.service, [0, 1])
+        sidecar.service.lookup([key(0), key(9)])
+        body = urllib.request.urlopen("http://127.0.0.1:18977/metrics", timeout=5).read().decode()
+        assert 'strata_kvtier_hits_total{tier="dram"} 1.0' in body
+        assert 'strata_kvtier_used_bytes{tier="dram"} 8192.0' in body
+        assert "strata_kvtier_write_seconds_bucket" in body
+        assert urllib.request.urlopen("http://127.0.0.1:18977/health", timeout=5).status == 200
+    finally:
+        sidecar.stop()
