@@ -8,7 +8,7 @@ change of an immutable field needs the old object).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal["InferenceService", "ServiceTier"]
@@ -26,7 +26,7 @@ class Case:
     change: dict[str, Any]
     field: str
     offline: Offline = "model"
-    before: dict[str, Any] | None = field(default=None)  # create with this first: an update case
+    before: dict[str, Any] | None = None  # create with this first: an update case
 
 
 def merged(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class Api:
         self.tiers: list[str] = []  # cluster-scoped: deleted at the end, unlike the namespace's objects
 
     def create_service(self, spec: dict[str, Any], name: str | None = None, dry_run: bool = False) -> Any:
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "InferenceService",
             "metadata": {"name": name or unique()},
@@ -69,7 +69,7 @@ class Api:
         )
 
     def create_tier(self, spec: dict[str, Any], name: str | None = None, dry_run: bool = False) -> Any:
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ServiceTier",
             "metadata": {"name": name or unique()},
@@ -114,7 +114,7 @@ def unique() -> str:
 
 def error_text(error: ApiException) -> str:
     try:
-        body = json.loads(error.body)
+        body = json.loads(error.body or "")
     except (TypeError, ValueError):
         return str(error.body)
     return f"{body.get('message', '')} {json.dumps(body.get('details', {}))}"
@@ -191,7 +191,9 @@ def test_example_tiers_are_accepted_and_defaulted_as_the_models_say(api: Api, na
 
 def test_an_empty_tier_gets_every_documented_default(api: Api) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ServiceTier", "metadata": {"name": unique()}}
-    created = api.objects.create_cluster_custom_object(GROUP, VERSION, "servicetiers", body, dry_run="All")
+    created: Any = api.objects.create_cluster_custom_object(
+        GROUP, VERSION, "servicetiers", body, dry_run="All"
+    )
     assert created["spec"] == to_manifest(ServiceTierSpec())
 
 
@@ -286,7 +288,7 @@ def test_kubectl_scale_sets_the_desired_replicas_and_scale_reports_the_selector(
     cluster.kubectl("scale", f"infsvc/{name}", "--replicas=3", "-n", api.namespace)
 
     assert api.get_service(name)["spec"]["replicas"] == 3
-    scale = api.objects.get_namespaced_custom_object_scale(
+    scale: Any = api.objects.get_namespaced_custom_object_scale(
         GROUP, VERSION, api.namespace, "inferenceservices", name
     )
     assert scale["spec"]["replicas"] == 3
