@@ -66,7 +66,9 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     n, ctx = q.shape[0], k.shape[0]
     mask = None
     if n != ctx:  # SDPA's is_causal aligns top-left; a later chunk needs bottom-right alignment
-        mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(n, device=q.device)[:, None] + (ctx - n)
+        mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(n, device=q.device)[:, None] + (
+            ctx - n
+        )
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k.transpose(0, 1)[None],

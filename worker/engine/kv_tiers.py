@@ -54,7 +54,9 @@ class TierBridge:
         if self.connector is not None and hashes:
             self._call("prefetch", lambda c: c.prefetch(hashes))
 
-    def load(self, refs: Sequence[BlockRef], tokens: Sequence[Sequence[int]], limit: int) -> tuple[list[int], list[Tier]]:
+    def load(
+        self, refs: Sequence[BlockRef], tokens: Sequence[Sequence[int]], limit: int
+    ) -> tuple[list[int], list[Tier]]:
         """Load the longest run of ``refs`` the tiers hold into new device blocks, registered in
         the prefix cache; returns their ids (each with one reference) and source tiers."""
         if self.connector is None or not refs or limit <= 0:
@@ -84,4 +86,3 @@ class TierBridge:
         except Exception:  # the tiers are an optimisation: never fail a request for them
             log.warning("kv connector %s failed; treating as a miss", what, exc_info=True)
             return None
-

@@ -79,7 +79,9 @@ class LLMEngine:
         write_through = config.kvtier.write_mode == "write-through"
         self.tiers = TierBridge(connector, self.blocks, self.runner, write_through=write_through)
         self.prefix = PrefixCache(self.blocks, self.tiers, self.root_hash, self.stats)
-        limits = SchedulerLimits(cfg.max_num_seqs, cfg.max_batched_tokens, cfg.max_queue_len, cfg.queue_timeout_s)
+        limits = SchedulerLimits(
+            cfg.max_num_seqs, cfg.max_batched_tokens, cfg.max_queue_len, cfg.queue_timeout_s
+        )
         self.scheduler = Scheduler(limits, self.blocks, self.prefix, self.stats)
         self.sampler = Sampler(cfg.seed, device)
         self._seqs: dict[int, Sequence] = {}
@@ -113,9 +115,11 @@ class LLMEngine:
     def block_hashes(self, token_ids: list[int]) -> list[bytes]:
         return chain_hashes(self.root_hash, token_ids, self.block_size)
 
-    def add_request(self, token_ids: list[int], params: SamplingParams, priority: int | None = None) -> Sequence:
+    def add_request(
+        self, token_ids: list[int], params: SamplingParams, priority: int | None = None
+    ) -> Sequence:
         """Queue a request; raises RequestError for one that can never run, QueueFull when full."""
-        self._validate(token_ids, params)
+        self.validate(token_ids, params)
         prio = self.config.engine.default_priority if priority is None else priority
         seq = Sequence(list(token_ids), params, prio)
         self.scheduler.add(seq)
@@ -123,7 +127,7 @@ class LLMEngine:
         self.prefix.prefetch(seq)
         return seq
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+    def validate(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise RequestError("prompt", "must not be empty")
         if params.max_tokens < 1:

@@ -81,4 +81,3 @@ class ModelRunner:
 
     def _long(self, values: list[int] | list[list[int]]) -> Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
-

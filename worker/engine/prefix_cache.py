@@ -47,7 +47,9 @@ class PrefixCache:
             self.blocks.acquire(block_id)
         start = len(hbm)
         refs = [self._ref(seq, i) for i in range(start, len(hashes))]
-        loaded, tiers = self.tiers.load(refs, self._tokens(seq, start, len(hashes)), self.blocks.num_free_blocks)
+        loaded, tiers = self.tiers.load(
+            refs, self._tokens(seq, start, len(hashes)), self.blocks.num_free_blocks
+        )
         seq.block_table = hbm + loaded
         seq.num_computed_tokens = seq.num_registered_blocks = len(seq.block_table)
         seq.num_computed_tokens *= self.block_size

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from strata.worker.engine.block_manager import BlockManager
 from strata.worker.engine.prefix_cache import PrefixCache
-from strata.worker.engine.sequence import Sequence, SeqStatus
+from strata.worker.engine.sequence import SeqStatus, Sequence
 from strata.worker.engine.stats import EngineStats
 
 
@@ -58,7 +58,9 @@ def timed_out(seq: Sequence, now: float, timeout_s: float) -> bool:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, prefix: PrefixCache, stats: EngineStats):
+    def __init__(
+        self, limits: SchedulerLimits, blocks: BlockManager, prefix: PrefixCache, stats: EngineStats
+    ):
         self.limits = limits
         self.blocks = blocks
         self.prefix = prefix

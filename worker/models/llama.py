@@ -125,7 +125,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class LlamaBackbone(nn.Module):
@@ -157,13 +158,19 @@ class LlamaForCausalLM(nn.Module):
         return result
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(hidden).float()
+        logits: Tensor = self.lm_head(hidden)
+        return logits.float()
 
 
 def causal_attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Plain causal attention over one whole sequence: the no-cache reference."""
     del layer
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, enable_gqa=True
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        is_causal=True,
+        enable_gqa=True,
     )
-    return out[0].transpose(0, 1)
+    result: Tensor = out[0].transpose(0, 1)
+    return result

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from strata.worker.models.llama import LlamaConfig, LlamaForCausalLM
-from strata.worker.tokenizer import BYTE_VOCAB_SIZE, BYTE_BOS_ID, BYTE_EOS_ID
+from strata.worker.tokenizer import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
 
 PRESETS: dict[str, LlamaConfig] = {
     "tiny": LlamaConfig(

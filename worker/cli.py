@@ -1,0 +1,70 @@
+"""``strata worker``: serve a model, make a deterministic test model, or check the GPU path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from pydantic import ValidationError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata worker", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the configured model over the OpenAI API")
+    serve.add_argument("--config", default="/etc/strata/worker.yaml", help="worker config file (YAML)")
+    serve.add_argument("--log-level", default="INFO")
+    make = sub.add_parser("make-model", help="write a seeded, deterministic test model directory")
+    make.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    make.add_argument("--out", required=True)
+    make.add_argument("--seed", type=int, default=0)
+    gpu = sub.add_parser("gpu-check", help="prove the CUDA path and print throughput and TTFT as JSON")
+    gpu.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    gpu.add_argument("--preset", choices=["tiny", "small"], default="small")
+    gpu.add_argument("--prompt-tokens", type=int, default=4096)
+    gpu.add_argument("--batch", type=int, default=16)
+    gpu.add_argument("--decode-tokens", type=int, default=64)
+    gpu.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "make-model":
+        from strata.worker.models.presets import write_model
+
+        print(write_model(args.out, args.preset, args.seed))
+        return 0
+    if args.command == "gpu-check":
+        from strata.worker import gpu_check
+
+        result = gpu_check.run(
+            args.device, args.preset, args.prompt_tokens, args.batch, args.decode_tokens, args.dtype
+        )
+        print(json.dumps(result, indent=2))
+        return 0 if result["paged_matches_reference"] else 1
+    return _serve(args.config, args.log_level)
+
+
+def _serve(path: str, level: str) -> int:
+    from strata.worker.config import WorkerConfig
+    from strata.worker.models.loader import ModelLoadError
+
+    logging.basicConfig(
+        level=level.upper(), format='{"level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
+    )
+    try:
+        config = WorkerConfig.load(path)
+    except (OSError, ValidationError, ValueError) as exc:
+        print(f"strata worker: bad config {path}: {exc}", file=sys.stderr)
+        return 2
+    from strata.worker.server.main import serve
+
+    try:
+        serve(config)
+    except ModelLoadError as exc:
+        print(f"strata worker: {exc}", file=sys.stderr)
+        return 2
+    return 0

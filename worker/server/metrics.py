@@ -1,0 +1,89 @@
+"""The worker's Prometheus metrics, in their own registry.
+
+Latencies are observed by the HTTP layer (what a client sees); engine counters and gauges are
+read from the engine at scrape time, so the engine itself stays free of Prometheus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from strata.worker.engine.stats import TIERS
+from strata.worker.server.engine_loop import EngineLoop
+
+P = "strata_worker_"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class EngineCollector(Collector):
+    def __init__(self, loop: EngineLoop) -> None:
+        self.loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        engine, stats = self.loop.engine, self.loop.engine.stats
+        yield GaugeMetricFamily(
+            P + "queue_length", "Requests waiting to be scheduled.", self.loop.num_waiting
+        )
+        yield GaugeMetricFamily(
+            P + "running_requests", "Requests in the running batch.", self.loop.num_running
+        )
+        yield GaugeMetricFamily(
+            P + "kv_cache_usage_ratio", "Share of KV blocks held by running requests.", engine.blocks.usage
+        )
+        yield GaugeMetricFamily(
+            P + "prefix_cache_hit_ratio",
+            "Prompt tokens served from any cache tier over prompt tokens.",
+            stats.prefix_hit_ratio,
+        )
+        hits = CounterMetricFamily(
+            P + "prefix_hit_tokens", "Prompt tokens served from cache.", labels=["tier"]
+        )
+        for tier in TIERS:
+            hits.add_metric([tier], stats.hit_tokens[tier])
+        yield hits
+        counters = {
+            "prompt_tokens": ("Prompt tokens of admitted requests.", stats.prompt_tokens),
+            "generation_tokens": ("Tokens generated.", stats.generation_tokens),
+            "recomputed_tokens": (
+                "Context tokens computed rather than served from a cache.",
+                stats.recomputed_tokens,
+            ),
+            "preemptions": ("Running requests preempted (KV freed, recomputed later).", stats.preemptions),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(P + name, doc, value)
+
+
+class WorkerMetrics:
+    def __init__(self, loop: EngineLoop) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds",
+            "Time from request to first token.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            P + "inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            buckets=TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds",
+            "Time from request to last token.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            P + "rejected_requests", "Requests refused, by reason.", ["reason"], registry=self.registry
+        )
+        self.registry.register(EngineCollector(loop))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
