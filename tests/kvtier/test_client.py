@@ -129,3 +129,23 @@ def test_block_size_mismatch_degrades(root, start_sidecar):
     refs = chain("default", list(range(32)))
     client.save(refs, blocks_for(refs, torch.float32))
     assert client.lookup([r.hash for r in refs]) == []
+
+
+def test_pinned_prefixes_are_pinned_on_connect(root, start_sidecar):
+    config = worker_config(root, dram={"capacity_bytes": 4 * 16384}, nvme={"capacity_bytes": 0})
+    system = "You are a helpful assistant. " * 3  # byte tokenizer: 87 tokens, 5 full blocks
+    config = config.model_copy(
+        update={"kvtier": config.kvtier.model_copy(update={"pinned_prefixes": [system]})}
+    )
+    start_sidecar(config.kvtier)
+    client = connect(config, SHAPE, torch.float32)
+    assert isinstance(client, TierClient)
+    root_key = root_hash("default", "m", 16)
+    tokens = list(system.encode())
+    pinned = chain_hashes(root_key, tokens, 16)[:2]
+    assert client.stats() is not None  # connects and sends the pins
+    refs = [BlockRef(h, p, i) for i, (h, p) in enumerate(zip(pinned, [root_key, pinned[0]], strict=True))]
+    client.save(refs, blocks_for(refs, torch.float32))
+    other = chain("default", list(range(1000, 1000 + 16 * 8)))
+    client.save(other, blocks_for(other, torch.float32))  # far more than the 4 DRAM slots
+    assert client.lookup(pinned) == ["dram", "dram"]

@@ -26,6 +26,7 @@ from strata.worker.config import WorkerConfig
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.arena import SlotArena
+from strata.worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class TierClient:
         dtype: torch.dtype,
         timeout_s: float = 5.0,
         retry_s: float = 1.0,
+        pins: Sequence[bytes] = (),
     ) -> None:
         self.socket_path = socket_path
         self.block_shape = block_shape
@@ -55,6 +57,8 @@ class TierClient:
         self._slots: torch.Tensor | None = None  # uint8 view over the whole arena
         self._retry_at = 0.0
         self._max_batch = 1
+        self._down = False
+        self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self.corrupt_blocks = 0
 
     # ---- KVConnector ----
@@ -201,10 +205,16 @@ class TierClient:
             if not hello or not hello.get("ok"):
                 raise SidecarUnavailable(f"hello refused: {hello and hello.get('error')}")
             self._map(hello)
+            if self._pins:
+                protocol.send(sock, {"op": "pin", "keys": [h.hex() for h in self._pins]})
+                protocol.receive(sock)
         except BaseException:
             sock.close()
             raise
         self._sock = sock
+        if self._down:
+            log.info("kvtier: sidecar reachable again")
+        self._down = False
         return sock
 
     def _map(self, hello: dict[str, Any]) -> None:
@@ -222,8 +232,9 @@ class TierClient:
             self._arena = None
 
     def _fail(self, op: str, err: Exception) -> None:
-        if self._sock is not None or not isinstance(err, SidecarUnavailable):
+        if not self._down:  # once per outage, not once per call
             log.warning("kvtier: %s failed, degrading to recomputation: %s", op, err)
+        self._down = True
         self._disconnect()
         self._retry_at = time.monotonic() + self.retry_s
 
@@ -236,8 +247,14 @@ class TierClient:
 
 def connect(config: WorkerConfig, block_shape: tuple[int, ...], dtype: torch.dtype) -> KVConnector:
     """The engine's connector to the sidecar named in ``config.kvtier`` (lazy: connects on
-    first use, so the engine may start before the sidecar)."""
-    return TierClient(config.kvtier.socket_path, tuple(block_shape), dtype)
+    first use, so the engine may start before the sidecar). ``kvtier.pinned_prefixes`` are
+    tokenized with the model's tokenizer and their full blocks pinned in DRAM."""
+    pins: list[bytes] = []
+    if config.kvtier.pinned_prefixes:
+        tokenizer = load_tokenizer(config.model.path, None)
+        for text in config.kvtier.pinned_prefixes:
+            pins += pinned_hashes(config, tokenizer.encode(text))
+    return TierClient(config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins)
 
 
 def pinned_hashes(config: WorkerConfig, token_ids: Sequence[int]) -> list[bytes]:
