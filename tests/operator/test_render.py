@@ -1,0 +1,269 @@
+"""Rendering: every child of a service, for each tier and option combination."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from strata.operator import names
+from strata.operator.plan import OwnerRef
+from strata.operator.render.configmap import config_hash, render_configmap
+from strata.operator.render.pdb import max_unavailable, render_pdb
+from strata.operator.render.pod import GPU_RESOURCE, render_pod_template
+from strata.operator.render.priorityclass import render_priorityclass
+from strata.operator.render.services import render_client_service, render_metrics_service
+from strata.operator.render.storage import render_shared_claim
+from strata.operator.render.volumes import SHM_HEADROOM_BYTES
+from strata.operator.render.workload import render_workload
+from strata.operator.resolve import ResolveInput, resolve
+from strata.operator.settings import OperatorSettings
+from strata.worker.config import WorkerConfig
+
+from .factories import NS_UID, isvc_body, tier_body
+
+TIERS = ("premium", "standard", "batch")
+MODES = ("ephemeral", "hostPath")
+SOURCES = (
+    {"builtin": "tiny"},
+    {"uri": "hf://org/model"},
+    {"pvc": {"claimName": "weights", "path": "m"}},
+)
+
+
+def make(tier="standard", mode="ephemeral", source=None, storage_class=None, **spec):
+    overrides = {"cache": {"nvme": {"storageClassName": storage_class}}} if storage_class else {}
+    body = isvc_body(tier=tier, **spec)
+    if source is not None:
+        body["spec"]["model"]["source"] = source
+    plan = resolve(ResolveInput(body, tier_body(tier, **overrides), NS_UID))
+    return plan, OperatorSettings(nvme_volume=mode, nvme_host_path="/mnt/nvme")
+
+
+def volumes_by_name(pod):
+    return {v["name"]: v for v in pod["spec"]["volumes"]}
+
+
+def containers(pod):
+    return pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
+
+
+@pytest.mark.parametrize(("tier", "mode", "source"), list(itertools.product(TIERS, MODES, SOURCES)))
+def test_every_combination_renders_a_hardened_schedulable_pod(tier, mode, source):
+    plan, settings = make(tier, mode, source)
+    workload = render_workload(plan, settings)
+    json.dumps(workload)  # plain data only
+    pod = workload["spec"]["template"]
+    spec = pod["spec"]
+    assert spec["priorityClassName"] == f"strata-{tier}"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    for c in containers(pod):
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"]
+    assert spec["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "strata.dev/local-nvme": "true",
+    }
+    assert workload["spec"]["selector"]["matchLabels"] == names.selector_labels("chat")
+    assert pod["metadata"]["labels"][names.LABEL_TIER] == tier
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_engine_requests_gpus_and_probes_the_worker(tier):
+    plan, settings = make(tier)
+    engine = render_pod_template(plan, settings)["spec"]["containers"][0]
+    assert engine["resources"]["requests"][GPU_RESOURCE] == engine["resources"]["limits"][GPU_RESOURCE] == "1"
+    assert engine["resources"]["requests"]["memory"] == engine["resources"]["limits"]["memory"] == "32Gi"
+    assert "cpu" not in engine["resources"]["limits"]
+    assert engine["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert engine["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert engine["command"] == ["strata", "worker", "serve", "--config", "/etc/strata/worker.yaml"]
+
+
+def test_kvtier_is_a_native_sidecar_after_the_model_fetcher():
+    plan, settings = make("premium")
+    init = render_pod_template(plan, settings)["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["model", "kvtier"]
+    fetch, sidecar = init
+    assert "restartPolicy" not in fetch and sidecar["restartPolicy"] == "Always"
+    assert sidecar["command"] == ["strata", "kvtier", "serve", "--config", "/etc/strata/worker.yaml"]
+    assert sidecar["readinessProbe"]["httpGet"]["port"] == "kv-metrics"
+    assert fetch["command"][3:5] == ["--source", "builtin://tiny"]
+    # The DRAM tier lives in the sidecar's memory: its limit covers it.
+    assert sidecar["resources"]["limits"]["memory"] == "33280Mi"  # 32Gi + 512Mi
+
+
+def test_pvc_model_needs_no_fetcher_and_is_read_only():
+    plan, settings = make(source={"pvc": {"claimName": "weights", "path": "m"}})
+    pod = render_pod_template(plan, settings)
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["kvtier"]
+    assert volumes_by_name(pod)["model"] == {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "weights", "readOnly": True},
+    }
+    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/models", "readOnly": True, "subPath": "m"}
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_shm_is_memory_backed_and_sized_to_the_dram_tier(tier):
+    plan, settings = make(tier)
+    shm = volumes_by_name(render_pod_template(plan, settings))["shm"]["emptyDir"]
+    assert shm["medium"] == "Memory"
+    size = {"premium": 32, "standard": 16, "batch": 8}[tier] * 2**30 + SHM_HEADROOM_BYTES
+    assert shm["sizeLimit"] == f"{size // 2**20}Mi"
+
+
+def test_ephemeral_nvme_uses_the_tier_storage_class_and_size():
+    plan, settings = make("standard", storage_class="local-nvme")
+    nvme = volumes_by_name(render_pod_template(plan, settings))["nvme"]
+    claim = nvme["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "100Gi"}},
+        "storageClassName": "local-nvme",
+    }
+
+
+def test_persistent_nvme_is_a_statefulset_claim_template():
+    plan, settings = make("premium", storage_class="local-nvme")
+    sts = render_workload(plan, settings)
+    assert sts["kind"] == "StatefulSet"
+    assert "nvme" not in volumes_by_name(sts["spec"]["template"])
+    (template,) = sts["spec"]["volumeClaimTemplates"]
+    assert template["metadata"]["name"] == "nvme"
+    assert template["spec"]["resources"]["requests"]["storage"] == "200Gi"
+    assert template["spec"]["storageClassName"] == "local-nvme"
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
+    assert sts["spec"]["serviceName"] == "chat-metrics"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_host_path_fallback_gives_each_pod_its_own_directory(tier):
+    plan, settings = make(tier, "hostPath")
+    workload = render_workload(plan, settings)
+    assert "volumeClaimTemplates" not in workload["spec"]
+    pod = workload["spec"]["template"]
+    assert volumes_by_name(pod)["nvme"]["hostPath"] == {"path": "/mnt/nvme", "type": "DirectoryOrCreate"}
+    sidecar = pod["spec"]["initContainers"][-1]
+    mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "nvme")
+    assert mount["subPathExpr"] == "$(POD_NAMESPACE)/$(POD_NAME)"
+    assert mount["mountPath"] == plan.worker.kvtier.nvme.path
+
+
+def test_shared_tier_mounts_a_per_service_rwx_claim():
+    plan, settings = make("batch", cache={"shared": True})
+    pod = render_pod_template(plan, settings)
+    assert volumes_by_name(pod)["shared"]["persistentVolumeClaim"] == {"claimName": "chat-kv-shared"}
+    claim = render_shared_claim(plan)
+    assert claim is not None and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Ti"
+    assert render_shared_claim(make("batch")[0]) is None
+
+
+def test_no_nvme_means_no_nvme_volume_and_no_nvme_node_selector():
+    plan, settings = make(cache={"nvme": "0"})
+    pod = render_pod_template(plan, settings)
+    assert "nvme" not in volumes_by_name(pod)
+    assert "strata.dev/local-nvme" not in pod["spec"]["nodeSelector"]
+
+
+def test_cpu_only_service_requests_no_gpu():
+    plan, settings = make(resources={"gpus": 0})
+    engine = render_pod_template(plan, settings)["spec"]["containers"][0]
+    assert GPU_RESOURCE not in engine["resources"]["requests"]
+    assert plan.worker.engine.device == "cpu"
+
+
+def test_config_hash_rolls_pods_on_spec_changes_only():
+    base, settings = make()
+    same, _ = make()
+    other_model, _ = make(model={"name": "tiny-2"})
+    more_dram, _ = make(cache={"dram": "8Gi"})
+    hashes = {config_hash(p) for p in (other_model, more_dram)}
+    assert config_hash(base) == config_hash(same) and config_hash(base) not in hashes and len(hashes) == 2
+    annotation = render_pod_template(base, settings)["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH]
+    assert annotation == config_hash(base)
+
+
+def test_configmap_holds_the_worker_config():
+    plan, _ = make("premium")
+    cm = render_configmap(plan)
+    assert cm["metadata"]["name"] == "chat-config"
+    assert WorkerConfig.from_yaml(cm["data"]["worker.yaml"]) == plan.worker
+
+
+def test_every_child_is_owned_by_the_service_and_labelled():
+    plan, settings = make("batch", cache={"shared": True})
+    children = [
+        render_configmap(plan),
+        render_client_service(plan),
+        render_metrics_service(plan),
+        render_pdb(plan),
+        render_shared_claim(plan),
+        render_workload(plan, settings),
+    ]
+    for child in children:
+        assert child is not None
+        meta = child["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "strata.dev/v1alpha1",
+                "kind": "InferenceService",
+                "name": "chat",
+                "uid": "uid-chat",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert meta["labels"][names.LABEL_MANAGED_BY] == "strata-operator"
+        assert meta["labels"][names.LABEL_SERVICE] == "chat"
+
+
+def test_services_select_the_pods_and_the_metrics_one_is_headless():
+    plan, _ = make()
+    client, metrics = render_client_service(plan), render_metrics_service(plan)
+    assert client["spec"]["selector"] == metrics["spec"]["selector"] == names.selector_labels("chat")
+    assert metrics["spec"]["clusterIP"] == "None" and metrics["spec"]["publishNotReadyAddresses"]
+    assert [p["name"] for p in metrics["spec"]["ports"]] == ["http", "kv-metrics"]
+
+
+@pytest.mark.parametrize(("replicas", "minimum", "expected"), [(1, 1, 1), (4, 2, 2), (3, 3, 1), (5, 0, 5)])
+def test_pdb_keeps_the_minimum_but_never_blocks_drains(replicas, minimum, expected):
+    assert max_unavailable(replicas, minimum) == expected
+
+
+def test_pdb_selects_the_workers():
+    pdb = render_pdb(make(replicas=3, minReplicas=2, maxReplicas=4)[0])
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == names.selector_labels("chat")
+
+
+def test_priorityclass_is_owned_by_the_tier():
+    pc = render_priorityclass(
+        "premium", 1000000, OwnerRef("strata.dev/v1alpha1", "ServiceTier", "premium", "u1")
+    )
+    assert pc["metadata"]["name"] == "strata-premium" and pc["value"] == 1000000
+    assert pc["metadata"]["ownerReferences"][0]["kind"] == "ServiceTier"
+    assert "namespace" not in pc["metadata"] and pc["globalDefault"] is False
+
+
+def test_extra_tolerations_come_from_the_settings():
+    plan, _ = make()
+    settings = OperatorSettings(tolerations=({"key": "dedicated", "operator": "Exists"},))
+    tolerations = render_pod_template(plan, settings)["spec"]["tolerations"]
+    assert {"key": "dedicated", "operator": "Exists"} in tolerations
+    assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+def test_engine_image_on_the_service_overrides_the_default():
+    plan, settings = make(engine={"image": "registry.local/strata:dev"})
+    assert all(
+        c["image"] == "registry.local/strata:dev" for c in containers(render_pod_template(plan, settings))
+    )

@@ -1,0 +1,77 @@
+"""KeyedRunner: one reconcile at a time per key, triggers coalesced, failures retried."""
+
+from __future__ import annotations
+
+import asyncio
+
+from strata.operator.runner import Backoff, KeyedRunner
+
+
+async def test_triggers_during_a_run_coalesce_into_one_rerun():
+    runner = KeyedRunner()
+    started, release = asyncio.Event(), asyncio.Event()
+    runs = 0
+
+    async def job() -> bool:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await release.wait()
+        return True
+
+    first = asyncio.create_task(runner.run("a", job))
+    await started.wait()
+    waiters = [asyncio.create_task(runner.run("a", job)) for _ in range(5)]
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, *waiters)
+    assert runs == 2
+
+
+async def test_different_keys_run_concurrently():
+    runner = KeyedRunner()
+    both = asyncio.Barrier(2)
+
+    async def job() -> bool:
+        await asyncio.wait_for(both.wait(), 2)
+        return True
+
+    await asyncio.gather(runner.run("a", job), runner.run("b", job))
+
+
+async def test_failures_are_retried_with_backoff_until_success():
+    runner = KeyedRunner(Backoff(first_s=0.01, max_s=0.02, attempts=5))
+    outcomes = [False, False, True]
+    done = asyncio.Event()
+
+    async def job() -> bool:
+        ok = outcomes.pop(0)
+        if ok:
+            done.set()
+        return ok
+
+    await runner.run("a", job)
+    await asyncio.wait_for(done.wait(), 2)
+    assert outcomes == []
+    await runner.close()
+
+
+async def test_exceptions_count_as_failures_and_forget_stops_retries():
+    runner = KeyedRunner(Backoff(first_s=0.05, max_s=0.05, attempts=3))
+    calls = 0
+
+    async def job() -> bool:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("boom")
+
+    await runner.run("a", job)
+    runner.forget("a")
+    await asyncio.sleep(0.2)
+    assert calls == 1
+    await runner.close()
+
+
+def test_backoff_doubles_up_to_the_cap():
+    b = Backoff(first_s=1, max_s=5)
+    assert [b.delay(i) for i in range(5)] == [1, 2, 4, 5, 5]

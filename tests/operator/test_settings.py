@@ -1,0 +1,56 @@
+"""Operator settings from flags and environment: bad values name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.operator.cli import build_settings, parser
+from strata.operator.replicas import desired_replicas
+from strata.operator.settings import SettingsError, settings_from, settings_from_env
+
+
+def test_environment_is_read():
+    s = settings_from_env(
+        {
+            "STRATA_NVME_VOLUME": "hostPath",
+            "STRATA_METRICS_PORT": "9191",
+            "STRATA_TOLERATIONS": '[{"key": "a", "operator": "Exists"}]',
+        }
+    )
+    assert s.nvme_volume == "hostPath" and s.metrics_port == 9191
+    assert s.tolerations == ({"key": "a", "operator": "Exists"},)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("nvme_volume", "tmpfs", "STRATA_NVME_VOLUME"),
+        ("metrics_port", "-1", "STRATA_METRICS_PORT"),
+        ("metrics_port", "x", "not a number"),
+        ("tolerations", "{", "not JSON"),
+        ("tolerations", '{"key": "a"}', "JSON list"),
+        ("nvme_host_path", "relative/dir", "absolute"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_setting(key, value, fragment):
+    with pytest.raises(SettingsError, match=fragment):
+        settings_from({key: value})
+
+
+def test_flags_override_the_environment(monkeypatch):
+    monkeypatch.setenv("STRATA_WORKER_IMAGE", "from-env:1")
+    monkeypatch.setenv("STRATA_NVME_VOLUME", "hostPath")
+    s = build_settings(parser().parse_args(["--worker-image", "from-flag:2"]))
+    assert s.worker_image == "from-flag:2" and s.nvme_volume == "hostPath"
+
+
+@pytest.mark.parametrize(
+    ("spec", "lo", "hi", "want"), [(3, 1, 5, 3), (0, 1, 5, 1), (9, 1, 5, 5), (0, 0, 2, 0)]
+)
+def test_desired_replicas_clamps(spec, lo, hi, want):
+    assert desired_replicas(spec, lo, hi) == want
+
+
+def test_desired_replicas_refuses_inverted_bounds():
+    with pytest.raises(ValueError, match="minReplicas"):
+        desired_replicas(1, 3, 2)
