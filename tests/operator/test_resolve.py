@@ -99,7 +99,7 @@ def test_over_limit_cache_request_is_rejected():
 
 
 def test_shared_tier_where_the_tier_has_none_is_rejected():
-    with pytest.raises(SpecRejected, match="spec.cache.shared"):
+    with pytest.raises(SpecRejected, match=r"spec\.cache\.shared"):
         resolve(ResolveInput(isvc_body(cache={"shared": True}), tier_body(), NS_UID))
 
 
