@@ -137,7 +137,7 @@ def _conditions() -> str:
 | `Progressing` | a rollout or scaling step is under way | the workload matches the spec |
 | `Degraded` | some replicas fail (crash loops, unschedulable) | all replicas are healthy |
 | `Accepted` | the spec is valid and fits its ServiceTier | the reason says why (`TierNotFound`, \
-`TierLimitExceeded`, `InvalidSpec`); the running workload is left alone |
+`TierLimitsExceeded`, `InvalidTier`, `InvalidSpec`); the running workload is left alone |
 """
 
 

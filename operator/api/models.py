@@ -44,7 +44,8 @@ DEGRADED = "Degraded"
 ACCEPTED = "Accepted"
 # Reasons of Accepted=False.
 REASON_TIER_NOT_FOUND = "TierNotFound"
-REASON_TIER_LIMIT_EXCEEDED = "TierLimitExceeded"
+REASON_TIER_LIMITS = "TierLimitsExceeded"
+REASON_INVALID_TIER = "InvalidTier"
 REASON_INVALID_SPEC = "InvalidSpec"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
