@@ -38,6 +38,22 @@ The InferenceService has a `status` subresource (only the operator writes status
 subresource: `kubectl scale infsvc/NAME --replicas=N`, an HPA or a KEDA ScaledObject write
 `spec.replicas`, which the operator clamps to `[spec.minReplicas, spec.maxReplicas]`
 (`status.desiredReplicas` shows the result).
+
+```console
+$ kubectl apply -f crds/                        # CRDs and the tier-limit admission policy
+$ kubectl apply -f examples/servicetiers/       # premium, standard, batch
+$ kubectl apply -n team-a -f examples/inferenceservices/minimal.yaml
+$ kubectl get infsvc -n team-a
+NAME   TIER       MODEL   READY   DESIRED   KV     TTFT-P95-MS   AGE
+tiny   standard   tiny    1       1         0.42   180           5m
+$ kubectl scale infsvc/tiny -n team-a --replicas=3
+$ kubectl explain infsvc.spec.cache
+```
+
+The admission policy takes its parameter kind from the ServiceTier CRD, so the API server must
+discover that CRD first: for some seconds after a fresh install (about 15 s on the test control
+plane), InferenceService writes are refused with `failed to find resource referenced by
+paramKind`; retry, or wait for a dry-run create to succeed before creating services.
 """
 
 
@@ -112,6 +128,8 @@ def _default(node: JsonDict) -> str:
 
 def _constraints(node: JsonDict) -> str:
     found: list[str] = []
+    if node.get("x-kubernetes-int-or-string"):
+        return ""  # the type column says quantity; its pattern and bounds are the quantity grammar
     if "enum" in node:
         found.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
     for key, word in (("minimum", ">="), ("maximum", "<=")):
@@ -120,7 +138,7 @@ def _constraints(node: JsonDict) -> str:
             found.append(f"{word.rstrip('=') if strict else word} {node[key]}")
     if "maxLength" in node:
         found.append(f"at most {node['maxLength']} characters")
-    if "pattern" in node and not node.get("x-kubernetes-int-or-string"):
+    if "pattern" in node:
         found.append(f"pattern `{node['pattern']}`")
     if any(rule["rule"] == "self == oldSelf" for rule in node.get("x-kubernetes-validations", [])):
         found.append("immutable")
