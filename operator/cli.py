@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 
 from strata.operator.settings import OperatorSettings, SettingsError, settings_from, settings_from_env
@@ -20,7 +21,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("-n", "--namespace", action="append", default=[], help="watch only these namespaces")
     p.add_argument("--peering", default="strata", help="ClusterKopfPeering name shared by the replicas")
-    p.add_argument("--priority", type=int, default=0, help="peering priority: the highest live one is active")
+    p.add_argument(
+        "--priority",
+        default="auto",
+        help="peering priority, the highest live replica is active; `auto` draws a random one, since "
+        "kopf pauses every replica when two share a priority",
+    )
     p.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     p.add_argument("--metrics-port", help="Prometheus port (env STRATA_METRICS_PORT, default 9090)")
@@ -52,10 +58,20 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
     return OperatorSettings(**merged)
 
 
+def peering_priority(value: str) -> int:
+    if value == "auto":
+        return random.SystemRandom().randint(1, 2**31 - 1)
+    try:
+        return int(value)
+    except ValueError:
+        raise SettingsError(f"--priority: {value!r} is neither an integer nor 'auto'") from None
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         settings = build_settings(args)
+        priority = peering_priority(args.priority)
     except SettingsError as exc:
         print(f"strata operator: {exc}", file=sys.stderr)
         return 2
@@ -72,7 +88,7 @@ def main(argv: list[str]) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=args.standalone,
-        priority=args.priority,
+        priority=priority,
         peering_name=None if args.standalone else args.peering,
         liveness_endpoint=args.liveness or None,
         memo=kopf.Memo(strata_settings=settings),
