@@ -324,3 +324,15 @@ def test_kubectl_get_shows_the_printer_columns_and_explain_the_descriptions(api:
 
     explained = cluster.kubectl("explain", "infsvc.spec.cache.dram").stdout
     assert "Host-DRAM KV tier per replica (bytes; quantity)" in explained
+
+
+def test_the_policy_checks_each_service_against_its_own_tier_on_create_and_update(api: Api) -> None:
+    big_dram = {"cache": {"dram": "100Gi"}}  # over standard's 64Gi, within premium's 128Gi
+    created = api.create_service(merged(BASE_SERVICE, {"tier": "premium", **big_dram}))
+    name = created["metadata"]["name"]
+    with pytest.raises(ApiException) as raised:
+        api.patch_service(name, {"spec": {"tier": "standard"}})
+    assert "spec.cache.dram: 100Gi exceeds ServiceTier standard cache.dram.maxSize 64Gi" in error_text(
+        raised.value
+    )
+    assert api.get_service(name)["spec"]["tier"] == "premium"
