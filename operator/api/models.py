@@ -14,7 +14,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from strata.operator.api.cel import immutable, rule, rules, size_le
@@ -125,8 +133,22 @@ class PvcSource(ApiModel):
         "",
         max_length=1024,
         pattern=r"^([^/].*)?$",
-        description="Directory inside the claim with config.json and *.safetensors; empty means the root.",
+        description="Relative directory inside the claim with config.json and *.safetensors; empty means "
+        "the root. No `..` segments: the pod mounts it as a subPath.",
+        json_schema_extra=rules(
+            rule(
+                "!(self == '..' || self.startsWith('../') || self.contains('/../') || self.endsWith('/..'))",
+                "spec.model.source.pvc.path must not contain '..' segments",
+            )
+        ),
     )
+
+    @field_validator("path")
+    @classmethod
+    def _no_parent_segments(cls, path: str) -> str:
+        if ".." in path.split("/"):
+            raise ValueError("spec.model.source.pvc.path must not contain '..' segments")
+        return path
 
 
 class ModelSource(ApiModel):

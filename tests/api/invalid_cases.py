@@ -64,6 +64,11 @@ CASES: list[Case] = [
     isvc("uri-scheme", src(uri="ftp://host/model"), "spec.model.source.uri"),
     isvc("pvc-claim-missing", src(pvc={"path": "models/m"}), "spec.model.source.pvc.claimName"),
     isvc("pvc-path-absolute", src(pvc={"claimName": "models", "path": "/abs"}), "spec.model.source.pvc.path"),
+    isvc(
+        "pvc-path-parent",
+        src(pvc={"claimName": "models", "path": "a/../../etc"}),
+        "spec.model.source.pvc.path",
+    ),
     isvc("builtin-pattern", src(builtin="Tiny_Model"), "spec.model.source.builtin"),
     isvc("dtype-enum", {"model": {"dtype": "int8"}}, "spec.model.dtype"),
     isvc("context-too-small", {"model": {"maxContextTokens": 8}}, "spec.model.maxContextTokens"),
