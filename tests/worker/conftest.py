@@ -45,7 +45,9 @@ def make_engine(tiny_dir: Path) -> EngineFactory:
     return build
 
 
-def reference_decode(engine: LLMEngine, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+def reference_decode(
+    engine: LLMEngine, prompt: list[int], steps: int
+) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy tokens and logits by full recomputation of the sequence, no cache at all."""
     model, ids, logits = engine.runner.model, list(prompt), []
     with torch.inference_mode():

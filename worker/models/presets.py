@@ -30,10 +30,10 @@ PRESETS: dict[str, LlamaConfig] = {
     ),
     "small": LlamaConfig(
         vocab_size=BYTE_VOCAB_SIZE,
-        hidden_size=256,
-        intermediate_size=768,
+        hidden_size=512,
+        intermediate_size=1536,
         num_hidden_layers=4,
-        num_attention_heads=4,
+        num_attention_heads=8,
         num_key_value_heads=2,
         max_position_embeddings=32768,
         rope_theta=500000.0,
