@@ -12,6 +12,7 @@ from pathlib import Path
 
 # Components log at warning level and up: at INFO the apiserver alone writes megabytes per minute.
 LOG_LEVEL = "1"
+NODE_LEASE_SECONDS = 40
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,9 @@ def kwok_argv(bin_dir: Path, layout: Layout, networks: Networks, stages: Path) -
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
         f"--cidr={networks.pod_cidr}",
         "--node-ip=127.0.0.1",
+        # Without a KwokConfiguration this defaults to 0: no node Leases, and after the grace
+        # period the node lifecycle controller taints every node unreachable (NoExecute).
+        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         # At INFO kwok logs every status patch: a line per pod transition.
         "--v=WARN",
     ]

@@ -222,6 +222,19 @@ spec:
         )
 
 
+def test_fake_nodes_heartbeat_through_leases_and_stay_untainted(cluster: Cluster) -> None:
+    # Without node Leases the node lifecycle controller taints every node unreachable (NoExecute)
+    # about 50s after start, which evicts pods and blocks scheduling in longer test sessions.
+    nodes = cluster.kubectl_json("get", "nodes", "-l", GPU_PRODUCT_LABEL)["items"]
+    leases = {
+        item["metadata"]["name"]
+        for item in cluster.kubectl_json("get", "leases", "-n", "kube-node-lease")["items"]
+    }
+    for node in nodes:
+        assert node["metadata"]["name"] in leases
+        assert not node["spec"].get("taints")
+
+
 def test_add_gpu_nodes_creates_ready_nodes_with_the_requested_shape(cluster: Cluster) -> None:
     shape = GpuNodeShape(gpus=4, gpu_product="NVIDIA-A100-SXM4-40GB", gpu_memory_mib=40960, local_nvme_gib=0)
     names = cluster.add_gpu_nodes(2, shape, prefix="a100")
