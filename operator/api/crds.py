@@ -10,8 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from strata.operator.api.cel import rule
 from strata.operator.api.models import (
+    DNS_1035_LABEL,
+    DNS_LABEL,
     GROUP,
+    SERVICE_NAME_MAX,
+    TIER_NAME_MAX,
     VERSION,
     InferenceServiceSpec,
     InferenceServiceStatus,
@@ -26,8 +31,15 @@ CATEGORY = "strata"
 LABELS = {"app.kubernetes.io/name": "strata", "app.kubernetes.io/part-of": "strata"}
 
 
+def _name_rule(pattern: str, max_length: int, why: str) -> JsonDict:
+    return rule(
+        f"self.metadata.name.size() <= {max_length} && self.metadata.name.matches('{pattern}')",
+        f"metadata.name must match {pattern} and have at most {max_length} characters: {why}",
+    )
+
+
 def _object_schema(
-    description: str, spec: type[BaseModel], status: type[BaseModel], spec_required: bool
+    description: str, spec: type[BaseModel], status: type[BaseModel], spec_required: bool, name_rule: JsonDict
 ) -> JsonDict:
     spec_schema = structural_schema(spec)
     if not spec_required:
@@ -48,6 +60,7 @@ def _object_schema(
             "status": status_schema,
         },
     }
+    schema["x-kubernetes-validations"] = [name_rule]
     if spec_required:
         schema["required"] = ["spec"]
     return schema
@@ -88,6 +101,9 @@ def inference_service_crd() -> JsonDict:
         InferenceServiceSpec,
         InferenceServiceStatus,
         spec_required=True,
+        name_rule=_name_rule(
+            DNS_1035_LABEL, SERVICE_NAME_MAX, "it names the service's Service and StatefulSet"
+        ),
     )
     columns = [
         _column("Tier", "string", ".spec.tier", "ServiceTier of the service."),
@@ -121,6 +137,7 @@ def service_tier_crd() -> JsonDict:
         ServiceTierSpec,
         ServiceTierStatus,
         spec_required=False,
+        name_rule=_name_rule(DNS_LABEL, TIER_NAME_MAX, "it becomes a label value and a PriorityClass name"),
     )
     columns = [
         _column("Priority", "integer", ".spec.priority", "Value of the tier's PriorityClass."),

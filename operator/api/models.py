@@ -11,6 +11,7 @@ offline). Rules across objects (a service must fit its tier) are in ``tierlimits
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -57,6 +58,12 @@ REASON_INVALID_TIER = "InvalidTier"
 REASON_INVALID_SPEC = "InvalidSpec"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# A service's name becomes its Service's (a DNS-1035 label, with "-metrics" appended for the
+# headless one) and its StatefulSet's, whose pods' revision label must stay within 63 characters.
+SERVICE_NAME_MAX = 52
+# A tier's name becomes a label value (63 characters) and the PriorityClass `strata-<tier>`.
+TIER_NAME_MAX = 63
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_REPLICAS = 1000
 
@@ -295,8 +302,8 @@ class InferenceServiceSpec(ApiModel):
     tier: str = Field(
         "standard",
         min_length=1,
-        max_length=253,
-        pattern=DNS_SUBDOMAIN,
+        max_length=TIER_NAME_MAX,
+        pattern=DNS_LABEL,
         description="Name of the ServiceTier whose priority, SLOs, cache and autoscaling policy apply.",
     )
     model: ModelSpec = Field(description="The model to serve.")
@@ -430,6 +437,11 @@ class InferenceService(ApiModel):
     status: InferenceServiceStatus | None = Field(
         None, description="Observed state, written by the operator."
     )
+
+    @model_validator(mode="after")
+    def _name_fits_children(self) -> InferenceService:
+        check_name(self.metadata, DNS_1035_LABEL, SERVICE_NAME_MAX)
+        return self
 
 
 # --------------------------------------------------------------------------- ServiceTier spec
@@ -675,7 +687,24 @@ class ServiceTier(ApiModel):
     kind: Literal["ServiceTier"] = Field("ServiceTier", description="ServiceTier")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     spec: ServiceTierSpec = Field(default_factory=ServiceTierSpec, description="The tier's policy.")
+
+    @model_validator(mode="after")
+    def _name_fits_labels(self) -> ServiceTier:
+        check_name(self.metadata, DNS_LABEL, TIER_NAME_MAX)
+        return self
+
     status: ServiceTierStatus | None = Field(None, description="Observed state, written by the operator.")
+
+
+def check_name(metadata: dict[str, Any], pattern: str, max_length: int) -> None:
+    """Refuse a ``metadata.name`` the objects derived from it could not carry."""
+    name = metadata.get("name")
+    if name is None:
+        return
+    if not isinstance(name, str) or len(name) > max_length or not re.match(pattern, name):
+        raise ValueError(
+            f"metadata.name {name!r} must match {pattern} and have at most {max_length} characters"
+        )
 
 
 def to_manifest(model: BaseModel) -> dict[str, Any]:

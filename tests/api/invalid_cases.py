@@ -27,6 +27,7 @@ class Case:
     field: str
     offline: Offline = "model"
     before: dict[str, Any] | None = None  # create with this first: an update case
+    object_name: str | None = None  # metadata.name, when the case is about it
 
 
 def merged(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
@@ -97,6 +98,8 @@ CASES: list[Case] = [
     isvc("shared-type", {"cache": {"shared": "yes"}}, "spec.cache.shared"),
     isvc("tier-name", {"tier": "Premium_Tier"}, "spec.tier"),
     isvc("unknown-field", {"gpu": 1}, "spec.gpu"),
+    Case("name-too-long", "InferenceService", {}, "metadata.name", object_name="a" * 53),
+    Case("name-starts-with-digit", "InferenceService", {}, "metadata.name", object_name="1chat"),
     # InferenceService: over the limits of its tier (the ValidatingAdmissionPolicy).
     isvc("dram-over-tier", {"cache": {"dram": "100Gi"}}, "spec.cache.dram", "tier"),
     isvc("dram-over-tier-bytes", {"cache": {"dram": 68719476737}}, "spec.cache.dram", "tier"),
@@ -138,6 +141,8 @@ CASES: list[Case] = [
     ),
     tier("priority-too-high", {"priority": 2000000000}, "spec.priority"),
     tier("unknown-field", {"gold": True}, "spec.gold"),
+    Case("name-too-long", "ServiceTier", {}, "metadata.name", object_name="t" * 64),
+    Case("name-with-dot", "ServiceTier", {}, "metadata.name", object_name="gold.tier"),
     # Changes to immutable fields: only the API server, which sees the old object, can refuse them.
     Case(
         "model-name-changed",

@@ -20,7 +20,9 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from strata.operator.api import (
+    InferenceService,
     InferenceServiceSpec,
+    ServiceTier,
     ServiceTierSpec,
     check_against_tier,
     to_manifest,
@@ -219,7 +221,7 @@ def test_invalid_manifest_is_rejected_naming_the_field(api: Api, case: Case) -> 
     spec = merged(base, case.change)
     with pytest.raises(ApiException) as raised:
         if case.before is None:
-            create(api, case.kind, spec, dry_run=True)
+            create(api, case.kind, spec, dry_run=True, name=case.object_name)
         else:
             api.replace(create(api, case.kind, merged(base, case.before)), spec)
     # 422 Invalid; an unknown field fails strict decoding before validation, with 400.
@@ -229,10 +231,10 @@ def test_invalid_manifest_is_rejected_naming_the_field(api: Api, case: Case) -> 
     check_offline(case, spec, message)
 
 
-def create(api: Api, kind: str, spec: dict[str, Any], dry_run: bool = False) -> Any:
+def create(api: Api, kind: str, spec: dict[str, Any], dry_run: bool = False, name: str | None = None) -> Any:
     if kind == "ServiceTier":
-        return api.create_tier(spec, dry_run=dry_run)
-    return api.create_service(spec, dry_run=dry_run)
+        return api.create_tier(spec, name=name, dry_run=dry_run)
+    return api.create_service(spec, name=name, dry_run=dry_run)
 
 
 def check_offline(case: Case, spec: dict[str, Any], server_message: str) -> None:
@@ -243,10 +245,14 @@ def check_offline(case: Case, spec: dict[str, Any], server_message: str) -> None
         )
         assert case.field in [v.field for v in violations]
         assert str(violations[0]) in server_message  # same rule, same words as the policy
+    elif case.object_name is not None:
+        model = InferenceService if case.kind == "InferenceService" else ServiceTier
+        with pytest.raises(ValidationError, match=r"metadata\.name"):
+            model.model_validate({"metadata": {"name": case.object_name}, "spec": spec})
     elif case.offline == "model":
-        model = InferenceServiceSpec if case.kind == "InferenceService" else ServiceTierSpec
+        spec_model = InferenceServiceSpec if case.kind == "InferenceService" else ServiceTierSpec
         with pytest.raises(ValidationError) as raised:
-            model.model_validate(spec)
+            spec_model.model_validate(spec)
         assert any(names_field(error, case.field) for error in raised.value.errors()), raised.value
 
 
