@@ -51,6 +51,8 @@ def _convert(node: JsonDict, defs: JsonDict, path: str) -> JsonDict:
             out[key] = value
     if "anyOf" in out and not out.get("x-kubernetes-int-or-string"):
         raise SchemaError(f"{path}: a union of several types is not structural")
+    if {"allOf", "oneOf", "not"} & out.keys():
+        raise SchemaError(f"{path}: allOf, oneOf and not are not supported here; give the field one type")
     if node.get("additionalProperties") not in (None, False):
         out["additionalProperties"] = _convert(node["additionalProperties"], defs, f"{path}{{}}")
     return out
