@@ -2,7 +2,7 @@
 
 ``paramRef.name`` cannot come from the object being admitted, so the binding selects every
 ServiceTier (``selector: {}``) and the API server runs the policy once per tier; each rule first
-asks "is this my tier?" (``object.spec.tier != params.metadata.name || ...``). With no tiers at
+asks "is this my tier?" (``!variables.myTier || ...``). With no tiers at
 all, ``parameterNotFoundAction: Allow`` admits the object, and the operator's Accepted condition
 reports the unknown tier. The rules and messages match ``tierlimits.check_against_tier``.
 """
@@ -19,8 +19,28 @@ from strata.operator.api.models import GROUP, VERSION
 JsonDict = dict[str, Any]
 
 POLICY_NAME = "strata-inferenceservice-tier-limits"
-NOT_MY_TIER = "object.spec.tier != params.metadata.name"
-TIER = "' ServiceTier ' + params.metadata.name + ' '"
+# Defined once as a policy variable; every rule starts with `!variables.myTier || ...`.
+MY_TIER = "object.spec.tier == params.metadata.name"
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A CEL expression inside a message, as opposed to literal text."""
+
+    cel: str
+
+
+def message(*parts: str | Expr) -> str:
+    """A CEL string expression concatenating literal text and ``string()`` of expressions."""
+    pieces = [f"string({part.cel})" if isinstance(part, Expr) else _literal(part) for part in parts]
+    return " + ".join(pieces)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+TIER = Expr("params.metadata.name")
 
 
 @dataclass(frozen=True)
@@ -35,8 +55,14 @@ def _size_rule(field: str) -> TierRule:
     asked, limit = f"object.spec.cache.{field}", f"params.spec.cache.{field}.maxSize"
     return TierRule(
         holds=f"!has({asked}) || {size_le(asked, limit)}",
-        message=f"'spec.cache.{field}: ' + string({asked}) + ' exceeds' + {TIER} + "
-        f"'cache.{field}.maxSize ' + string({limit})",
+        message=message(
+            f"spec.cache.{field}: ",
+            Expr(asked),
+            " exceeds ServiceTier ",
+            TIER,
+            f" cache.{field}.maxSize ",
+            Expr(limit),
+        ),
     )
 
 
@@ -45,32 +71,53 @@ TIER_RULES: tuple[TierRule, ...] = (
     _size_rule("nvme"),
     TierRule(
         holds="!object.spec.cache.shared || params.spec.cache.shared.enabled",
-        message="'spec.cache.shared:' + " + TIER + " + 'does not enable the shared tier'",
+        message=message("spec.cache.shared: ServiceTier ", TIER, " does not enable the shared tier"),
     ),
     TierRule(
         holds="object.spec.resources.gpus <= params.spec.limits.maxGpusPerReplica",
-        message="'spec.resources.gpus: ' + string(object.spec.resources.gpus) + ' exceeds' + "
-        + TIER
-        + " + 'limits.maxGpusPerReplica ' + string(params.spec.limits.maxGpusPerReplica)",
+        message=message(
+            "spec.resources.gpus: ",
+            Expr("object.spec.resources.gpus"),
+            " exceeds ServiceTier ",
+            TIER,
+            " limits.maxGpusPerReplica ",
+            Expr("params.spec.limits.maxGpusPerReplica"),
+        ),
     ),
     TierRule(
         holds="object.spec.resources.gpus * object.spec.maxReplicas <= params.spec.limits.maxGpusPerService",
-        message="'spec.maxReplicas: ' + string(object.spec.maxReplicas) + ' replicas x ' + "
-        "string(object.spec.resources.gpus) + ' GPUs exceeds' + "
-        + TIER
-        + " + 'limits.maxGpusPerService ' + string(params.spec.limits.maxGpusPerService)",
+        message=message(
+            "spec.maxReplicas: ",
+            Expr("object.spec.maxReplicas"),
+            " replicas x ",
+            Expr("object.spec.resources.gpus"),
+            " GPUs exceeds ServiceTier ",
+            TIER,
+            " limits.maxGpusPerService ",
+            Expr("params.spec.limits.maxGpusPerService"),
+        ),
     ),
     TierRule(
         holds="object.spec.maxReplicas <= params.spec.autoscaling.maxReplicas",
-        message="'spec.maxReplicas: ' + string(object.spec.maxReplicas) + ' exceeds' + "
-        + TIER
-        + " + 'autoscaling.maxReplicas ' + string(params.spec.autoscaling.maxReplicas)",
+        message=message(
+            "spec.maxReplicas: ",
+            Expr("object.spec.maxReplicas"),
+            " exceeds ServiceTier ",
+            TIER,
+            " autoscaling.maxReplicas ",
+            Expr("params.spec.autoscaling.maxReplicas"),
+        ),
     ),
     TierRule(
         holds="object.spec.minReplicas >= params.spec.autoscaling.minReplicas",
-        message="'spec.minReplicas: ' + string(object.spec.minReplicas) + ' is below' + "
-        + TIER
-        + " + 'autoscaling.minReplicas ' + string(params.spec.autoscaling.minReplicas)",
+        message=message(
+            "spec.minReplicas: ",
+            Expr("object.spec.minReplicas"),
+            " is below ServiceTier ",
+            TIER,
+            " autoscaling.minReplicas ",
+            Expr("params.spec.autoscaling.minReplicas"),
+        ),
     ),
 )
 
@@ -78,7 +125,7 @@ TIER_RULES: tuple[TierRule, ...] = (
 def admission_policy() -> JsonDict:
     validations = [
         {
-            "expression": f"{NOT_MY_TIER} || ({rule.holds})",
+            "expression": f"!variables.myTier || ({rule.holds})",
             "messageExpression": rule.message,
             "reason": "Invalid",
         }
@@ -101,6 +148,7 @@ def admission_policy() -> JsonDict:
                     }
                 ]
             },
+            "variables": [{"name": "myTier", "expression": MY_TIER}],
             "validations": validations,
         },
     }

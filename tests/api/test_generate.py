@@ -12,7 +12,7 @@ from strata.operator.api import generate
 from strata.operator.api.cli import main
 from strata.operator.api.crds import inference_service_crd, service_tier_crd
 from strata.operator.api.models import InferenceServiceSpec
-from strata.operator.api.policy import admission_policy
+from strata.operator.api.policy import Expr, admission_policy, message
 from strata.operator.api.schema import SchemaError, structural_schema
 
 ROOT = generate.REPO_ROOT
@@ -128,9 +128,17 @@ def test_scale_subresource_printer_columns_and_names() -> None:
 
 
 def test_every_policy_rule_first_checks_that_the_tier_is_its_parameter() -> None:
-    for validation in admission_policy()["spec"]["validations"]:
-        assert validation["expression"].startswith("object.spec.tier != params.metadata.name || (")
+    policy = admission_policy()["spec"]
+    assert policy["variables"] == [
+        {"name": "myTier", "expression": "object.spec.tier == params.metadata.name"}
+    ]
+    for validation in policy["validations"]:
+        assert validation["expression"].startswith("!variables.myTier || (")
         assert validation["messageExpression"].startswith("'spec.")
+
+
+def test_messages_quote_literal_text_for_cel() -> None:
+    assert message("it's ", Expr("x.y"), " a\\b") == "'it\\'s ' + string(x.y) + ' a\\\\b'"
 
 
 def test_a_union_that_is_not_structural_is_refused() -> None:
