@@ -28,7 +28,9 @@ def test_config_imports_without_torch() -> None:
 
 def test_block_manager_and_scheduler_are_tensor_free() -> None:
     for name in ("block_manager", "scheduler", "sequence", "prefix_cache", "stats"):
-        assert not {m for m in imports_of(WORKER / "engine" / f"{name}.py") if m.split(".")[0] == "torch"}, name
+        assert not {m for m in imports_of(WORKER / "engine" / f"{name}.py") if m.split(".")[0] == "torch"}, (
+            name
+        )
 
 
 def test_only_kv_tiers_calls_the_connector() -> None:
