@@ -1,0 +1,1 @@
+"""The HTTP face of the worker: the OpenAI API, health, readiness and metrics."""
