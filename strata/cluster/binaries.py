@@ -28,17 +28,17 @@ class MissingBinariesError(RuntimeError):
     """No candidate directory holds every control-plane binary."""
 
 
-def candidate_dirs(env: Mapping[str, str], repo_root: Path = REPO_ROOT) -> list[tuple[str, Path]]:
+def candidate_dirs(env: Mapping[str, str], repo_root: Path | None = None) -> list[tuple[str, Path]]:
     """(source, directory) pairs in lookup order; unset variables are left out."""
     found = [(var, Path(env[var])) for var in ("KUBEBUILDER_ASSETS", "STRATA_BIN_DIR") if env.get(var)]
-    return [*found, ("<repo>/bin", repo_root / "bin")]
+    return [*found, ("<repo>/bin", (repo_root or REPO_ROOT) / "bin")]
 
 
 def missing_in(directory: Path, names: tuple[str, ...] = REQUIRED) -> list[str]:
     return [name for name in names if not os.access(directory / name, os.X_OK)]
 
 
-def find_bin_dir(env: Mapping[str, str] | None = None, repo_root: Path = REPO_ROOT) -> Path:
+def find_bin_dir(env: Mapping[str, str] | None = None, repo_root: Path | None = None) -> Path:
     """The first candidate directory holding every required binary, else a clear error."""
     candidates = candidate_dirs(os.environ if env is None else env, repo_root)
     problems = []

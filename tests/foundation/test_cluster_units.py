@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -194,3 +197,44 @@ class TestNamespaceName:
 
     def test_is_unique_per_call(self) -> None:
         assert namespace_name("test_x") != namespace_name("test_x")
+
+
+CONFTEST_WITHOUT_BINARIES = """
+from pathlib import Path
+import strata.cluster.binaries
+
+strata.cluster.binaries.REPO_ROOT = Path(__file__).parent  # a repo with no bin/
+pytest_plugins = ["strata.cluster.pytest_plugin"]
+"""
+
+
+def test_cluster_fixture_fails_rather_than_skips_without_binaries(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST_WITHOUT_BINARIES)
+    (tmp_path / "test_needs_cluster.py").write_text("def test_it(cluster):\n    pass\n")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KUBEBUILDER_ASSETS", "STRATA_BIN_DIR", "STRATA_CLUSTER_DIR")
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout
+    assert "1 error" in result.stdout and "skipped" not in result.stdout
+    assert "make cluster-bins" in result.stdout
