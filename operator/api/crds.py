@@ -59,8 +59,8 @@ def _object_schema(
             "spec": spec_schema,
             "status": status_schema,
         },
+        "x-kubernetes-validations": [name_rule],
     }
-    schema["x-kubernetes-validations"] = [name_rule]
     if spec_required:
         schema["required"] = ["spec"]
     return schema
