@@ -23,6 +23,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     serve.add_argument(
         "--block-bytes", type=int, default=None, help="size the tiers now instead of at the engine's hello"
     )
+    serve.add_argument(
+        "--metrics-port", type=int, default=None, help="override kvtier.metrics_port; 0 serves no metrics"
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -37,7 +40,7 @@ def main(argv: list[str]) -> int:
         return 2
     from strata.worker.kvtier.server import Sidecar  # after the config is known good
 
-    sidecar = Sidecar(config.kvtier, block_bytes=args.block_bytes)
+    sidecar = Sidecar(config.kvtier, block_bytes=args.block_bytes, metrics_port=args.metrics_port)
     sidecar.start()
 
     def stop(signum: int, frame: FrameType | None) -> None:

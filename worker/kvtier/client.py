@@ -17,6 +17,7 @@ import threading
 import time
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -58,6 +59,8 @@ class TierClient:
         self._retry_at = 0.0
         self._max_batch = 1
         self._down = False
+        # Checksums and copies of a batch in parallel: zlib and torch release the GIL.
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvtier-client")
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self.corrupt_blocks = 0
 
@@ -95,6 +98,7 @@ class TierClient:
     def close(self) -> None:
         with self._lock:
             self._disconnect()
+        self._pool.shutdown(wait=False)
 
     # ---- beyond the protocol ----
 
@@ -121,16 +125,13 @@ class TierClient:
     def _load_batch(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
         reply = self._call({"op": "get", "keys": [h.hex() for h in hashes[: len(out)]]})
         slots: list[int] = reply["slots"]
-        loaded = 0
         corrupt: list[str] = []
         try:
-            for i, (slot, expected) in enumerate(zip(slots, reply["checksums"], strict=True)):
-                assert self._arena is not None
-                if zlib.crc32(self._arena.view(slot, self.block_bytes)) != expected:
-                    corrupt.append(hashes[i].hex())
-                    break
-                out[i].copy_(self._typed(self._raw(slot)))
-                loaded += 1
+            intact = list(self._pool.map(self._verify, slots, reply["checksums"]))
+            loaded = intact.index(False) if False in intact else len(intact)
+            if loaded < len(intact):
+                corrupt.append(hashes[loaded].hex())
+            list(self._pool.map(lambda i: out[i].copy_(self._typed(self._raw(slots[i]))), range(loaded)))
         finally:
             self._call({"op": "release", "slots": slots})
         if corrupt:
@@ -138,6 +139,10 @@ class TierClient:
             log.warning("kvtier: block %s failed its checksum; recomputing", corrupt[0])
             self._call({"op": "corrupt", "keys": corrupt})
         return loaded
+
+    def _verify(self, slot: int, expected: int) -> bool:
+        assert self._arena is not None
+        return zlib.crc32(self._arena.view(slot, self.block_bytes)) == expected
 
     def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and
@@ -152,14 +157,11 @@ class TierClient:
 
     def _save_batch(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
-        keys, parents, slots = [], [], []
-        for block, tensor, slot in zip(blocks, data, reply["slots"], strict=True):
-            if slot is None:
-                continue
-            self._typed(self._raw(slot)).copy_(tensor)
-            keys.append(block.hash.hex())
-            parents.append(block.parent.hex())
-            slots.append(slot)
+        taken = [(b, t, s) for b, t, s in zip(blocks, data, reply["slots"], strict=True) if s is not None]
+        list(self._pool.map(lambda item: self._typed(self._raw(item[2])).copy_(item[1]), taken))
+        keys = [b.hash.hex() for b, _, _ in taken]
+        parents = [b.parent.hex() for b, _, _ in taken]
+        slots = [s for _, _, s in taken]
         stored: int = self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})["stored"]
         return stored
 

@@ -165,7 +165,9 @@ class Sidecar:
         self._server = _Server(str(path))
         self._server.service = self.service
         os.chmod(path, 0o660)
-        threading.Thread(target=self._server.serve_forever, name="kvtier-socket", daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="kvtier-socket", daemon=True
+        ).start()
         if self._metrics_port:
             self._http = serve_http(self._metrics_port, self.metrics, lambda: self._server is not None)
         threading.Thread(target=self._sweep_loop, name="kvtier-sweep", daemon=True).start()

@@ -10,6 +10,7 @@ the bytes of a batch move on the NVMe store's I/O threads.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -64,6 +65,8 @@ class KVTierService:
         self._seen: OrderedDict[bytes, int] = OrderedDict()
         self._pinned: set[bytes] = set()
         self._background = ThreadPoolExecutor(1, thread_name_prefix="kvtier-prefetch")
+        # Checksums of a batch in parallel: zlib releases the GIL on large buffers.
+        self._cpu = ThreadPoolExecutor(config.nvme.io_threads, thread_name_prefix="kvtier-crc")
 
     # ---- set-up ----
 
@@ -154,68 +157,89 @@ class KVTierService:
             dram = self._require()
             now = time.time()
             out: list[tuple[int, int]] = []
-            parent: bytes | None = None
             for key in keys:
                 self._saw(key)
-                entry = dram.index.get(key)
+            i = 0
+            while i < len(keys):
+                entry = dram.index.get(keys[i])
                 if entry is not None:
-                    dram.index.touch(key, now)
+                    dram.index.touch(keys[i], now)
+                    entries = [entry]
                 else:
-                    entry = self._promote(key, parent, staging_ok=True)
-                if entry is None:
+                    entries = self._promote_run(keys[i:], keys[i - 1] if i else None, staging_ok=True)
+                for entry in entries:
+                    dram.lease(entry.slot)
+                    owner.leases.append(entry.slot)
+                    if dram.is_staging(entry.slot):
+                        dram.give_back(entry.slot)  # deferred: back in the pool once released
+                    out.append((entry.slot, entry.checksum))
+                if not entries:
                     break
-                dram.lease(entry.slot)
-                owner.leases.append(entry.slot)
-                if dram.is_staging(entry.slot):
-                    dram.give_back(entry.slot)  # deferred: back in the pool once released
-                out.append((entry.slot, entry.checksum))
-                parent = key
+                i += len(entries)
             return out
 
-    def _promote(self, key: bytes, parent: bytes | None, staging_ok: bool) -> Entry | None:
-        """Bring a lower-tier block into a DRAM slot (or an unindexed staging slot when DRAM
-        has no room); None when no tier holds it intact."""
+    def _promote_run(self, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool) -> list[Entry]:
+        """Bring the leading blocks of ``keys`` up from a lower tier into DRAM slots (or
+        unindexed staging slots when DRAM has no room): the leading run held by NVMe in one
+        parallel read, else one block from the shared tier. Returns those that arrived intact."""
         dram = self._require()
-        in_nvme = self.nvme is not None and key in self.nvme.index
-        if not in_nvme and self.shared is None:
-            return None
-        slot = self._dram_slot()
-        if slot is None and staging_ok:
-            slot = dram.take_slot(staging=True)
-        if slot is None:
-            return None
-        entry = self._read_nvme(key, slot) if in_nvme else self._read_shared(key, slot)
-        if entry is None:
+        nvme = self.nvme
+        run = list(itertools.takewhile(lambda k: nvme is not None and k in nvme.index, keys))
+        if not run and (self.shared is None or not keys):
+            return []
+        slots = self._promotion_slots(max(1, len(run)), staging_ok)
+        if not slots:
+            return []
+        if run:
+            entries = self._read_nvme(run[: len(slots)], slots)
+        else:
+            entry = self._read_shared(keys[0], slots[0])
+            entries = [entry] if entry else []
+        for slot in slots[len(entries) :]:
             dram.give_back(slot)
-            return None
-        if parent is not None:
-            entry.parent = parent
-        if not dram.is_staging(slot):
-            entry.pinned = key in self._pinned
-            dram.index.add(key, entry)
-            self.metrics.promotions.labels("dram").inc()
-            self._publish_usage()
-        return entry
+        for key, entry in zip(keys, entries, strict=False):
+            entry.parent = parent if parent is not None else entry.parent
+            parent = key
+            if not dram.is_staging(entry.slot):
+                entry.pinned = key in self._pinned
+                dram.index.add(key, entry)
+                self.metrics.promotions.labels("dram").inc()
+        self._publish_usage()
+        return entries
 
-    def _read_nvme(self, key: bytes, slot: int) -> Entry | None:
-        assert self.nvme is not None and self.dram is not None
-        stored = self.nvme.index.get(key)
-        assert stored is not None
-        buf = self.dram.block(slot)
+    def _promotion_slots(self, count: int, staging_ok: bool) -> list[int]:
+        dram = self._require()
+        slots = self._dram_slots(count) if dram.capacity else []
+        while staging_ok and len(slots) < count and (slot := dram.take_slot(staging=True)) is not None:
+            slots.append(slot)
+        return slots
+
+    def _read_nvme(self, keys: Sequence[bytes], slots: Sequence[int]) -> list[Entry]:
+        """Read blocks into ``slots`` in parallel and verify them; the leading intact ones."""
+        assert self.nvme is not None
+        dram = self._require()
+        stored = [self.nvme.index.get(k) for k in keys]
+        bufs = [dram.block(s) for s in slots]
         started = time.perf_counter()
         try:
-            (intact,) = self.nvme.store.read([(stored.slot, buf)])
+            intact = self.nvme.store.read([(e.slot, b) for e, b in zip(stored, bufs, strict=True) if e])
         except OSError as err:
             log.warning("nvme: read failed: %s", err)
             self.metrics.errors.labels("nvme").inc()
-            return None
+            return []
+        sums = list(self._cpu.map(checksum, bufs))
         self.metrics.read_seconds.labels("nvme").observe(time.perf_counter() - started)
-        self.metrics.read_bytes.labels("nvme").inc(len(buf))
-        if not intact or checksum(buf) != stored.checksum:
-            self._drop_corrupt_nvme(key)
-            return None
-        self.nvme.index.touch(key, time.time())
-        return Entry(stored.parent, stored.priority, False, time.time(), slot, stored.checksum)
+        self.metrics.read_bytes.labels("nvme").inc(sum(len(b) for b in bufs))
+        now = time.time()
+        entries: list[Entry] = []
+        for key, entry, ok, crc, slot in zip(keys, stored, intact, sums, slots, strict=True):
+            assert entry is not None
+            if not ok or crc != entry.checksum:
+                self._drop_corrupt_nvme(key)
+                break
+            self.nvme.index.touch(key, now)
+            entries.append(Entry(entry.parent, entry.priority, False, now, slot, entry.checksum))
+        return entries
 
     def _drop_corrupt_nvme(self, key: bytes) -> None:
         assert self.nvme is not None
@@ -406,12 +430,14 @@ class KVTierService:
             now = time.time()
             stored: list[tuple[bytes, Entry]] = []
             staged: list[tuple[bytes, Entry]] = []
+            mine = [b.slot for b in blocks if b.slot in owner.reserved]
+            sums = dict(zip(mine, self._cpu.map(lambda s: checksum(dram.block(s)), mine), strict=True))
             for block in blocks:
                 if block.slot not in owner.reserved:
                     raise ValueError(f"blocks: slot {block.slot} is not reserved by this connection")
                 owner.reserved.discard(block.slot)
                 entry = Entry(block.parent, self.config.priority, block.key in self._pinned, now, block.slot)
-                entry.checksum = checksum(dram.block(block.slot))
+                entry.checksum = sums[block.slot]
                 if dram.is_staging(block.slot) or block.key in dram.index:
                     staged.append((block.key, entry))
                     continue
@@ -473,7 +499,7 @@ class KVTierService:
                 dram = self._require()
                 parent: bytes | None = None
                 for key in keys:
-                    if key not in dram.index and self._promote(key, parent, staging_ok=False) is None:
+                    if key not in dram.index and not self._promote_run([key], parent, staging_ok=False):
                         break
                     parent = key
         except Exception:  # a hint must never take the sidecar down
@@ -526,6 +552,7 @@ class KVTierService:
     def close(self) -> None:
         """Stop serving: later requests get "not configured" errors, never a closed file."""
         self._background.shutdown(wait=True)
+        self._cpu.shutdown(wait=True)
         with self._lock:
             if self.nvme is not None:
                 self.nvme.store.close()
