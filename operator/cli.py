@@ -83,7 +83,9 @@ def main(argv: list[str]) -> int:
 
     fmt = kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN
     kopf.configure(verbose=args.verbose, log_format=fmt)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if not args.verbose:
+        # kopf logs every handler run at INFO; ours are one per watch event, so keep INFO quiet.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,

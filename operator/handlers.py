@@ -35,14 +35,14 @@ MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config: OperatorSettings = memo.get("strata_settings") or settings_from_env()
-    configure(settings)
+    configure(settings, config)
     runtime = Runtime.build(KubeClient.from_environment(), config, kopf_sink)
     if config.metrics_port:
         runtime.metrics.serve(config.metrics_port)
     memo["strata"] = runtime
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, config: OperatorSettings) -> None:
     # Watch streams that go silent are re-opened (kopf#1276); the liveness probe exposes hangs.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -51,6 +51,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.scanning.disabled = True
     # Our own Events say what happened; kopf's per-handler ones would only add noise.
     settings.posting.level = logging.WARNING
+    settings.peering.lifetime = config.peering_lifetime_s
 
 
 @kopf.on.cleanup()

@@ -113,16 +113,17 @@ class Reconciler:
         emit = self.applier.events
         for cond in new:
             old = before.get(cond["type"], {})
-            changed = old.get("status") != cond["status"] or old.get("message") != cond["message"]
-            if not changed:
-                continue
             true = cond["status"] == "True"
+            if old.get("status") == cond["status"] and (true or old.get("message") == cond["message"]):
+                continue
             if cond["type"] == ACCEPTED and not true:
                 emit(isvc, "Warning", cond["reason"], cond["message"])
             elif cond["type"] == ACCEPTED and old.get("status") == "False":
                 emit(isvc, "Normal", "Accepted", cond["message"])
-            elif cond["type"] == READY and old.get("status") != cond["status"]:
-                emit(isvc, "Normal" if true else "Warning", "Ready" if true else "NotReady", cond["message"])
+            elif cond["type"] == READY and true:
+                emit(isvc, "Normal", "Ready", cond["message"])
+            elif cond["type"] == READY and old.get("status") == "True":
+                emit(isvc, "Warning", "NotReady", cond["message"])  # lost readiness, not "not yet"
             elif cond["type"] == DEGRADED and true:
                 emit(isvc, "Warning", cond["reason"], cond["message"])
 

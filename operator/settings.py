@@ -29,7 +29,9 @@ class OperatorSettings:
     nvme_volume: NvmeVolumeMode = "ephemeral"
     nvme_host_path: str = "/var/lib/strata/nvme"
     tolerations: tuple[Mapping[str, Any], ...] = ()
-    resync_interval_s: float = 60.0
+    # How long a replica's peering record stays valid without a refresh: a killed active replica
+    # is replaced by a standby after at most this long.
+    peering_lifetime_s: int = 60
     metrics_port: int = 9090
     uid: int = 10001
 
@@ -40,7 +42,7 @@ _ENV = {
     "nvme_volume": "STRATA_NVME_VOLUME",
     "nvme_host_path": "STRATA_NVME_HOST_PATH",
     "tolerations": "STRATA_TOLERATIONS",
-    "resync_interval_s": "STRATA_RESYNC_INTERVAL_S",
+    "peering_lifetime_s": "STRATA_PEERING_LIFETIME_S",
     "metrics_port": "STRATA_METRICS_PORT",
 }
 
@@ -72,16 +74,16 @@ def _convert(key: str, raw: str) -> Any:
         return raw
     if key == "tolerations":
         return _tolerations(raw)
-    if key in ("resync_interval_s", "metrics_port"):
+    if key in ("peering_lifetime_s", "metrics_port"):
         return _positive_number(key, raw)
     if key == "nvme_host_path" and not raw.startswith("/"):
         raise SettingsError(f"{_ENV[key]}: {raw!r} must be an absolute path")
     return raw
 
 
-def _positive_number(key: str, raw: str) -> float | int:
+def _positive_number(key: str, raw: str) -> int:
     try:
-        value: float | int = int(raw) if key == "metrics_port" else float(raw)
+        value = int(raw)
     except ValueError:
         raise SettingsError(f"{_ENV[key]}: {raw!r} is not a number") from None
     if value <= 0:

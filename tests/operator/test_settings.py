@@ -27,6 +27,7 @@ def test_environment_is_read():
         ("nvme_volume", "tmpfs", "STRATA_NVME_VOLUME"),
         ("metrics_port", "-1", "STRATA_METRICS_PORT"),
         ("metrics_port", "x", "not a number"),
+        ("peering_lifetime_s", "0", "positive"),
         ("tolerations", "{", "not JSON"),
         ("tolerations", '{"key": "a"}', "JSON list"),
         ("nvme_host_path", "relative/dir", "absolute"),
