@@ -28,6 +28,9 @@ APISERVER_DNS_NAMES = (
 )
 
 
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
 @dataclass(frozen=True)
 class CertPair:
     cert: Path
@@ -80,9 +83,9 @@ def _builder(
     )
 
 
-def create_ca(directory: Path) -> CertPair:
+def create_ca(directory: Path, stem: str = "ca") -> CertPair:
     key = _new_key()
-    name = _name("strata-test-ca")
+    name = _name(f"strata-test-{stem}")
     cert = (
         _builder(name, name, key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -102,7 +105,7 @@ def create_ca(directory: Path) -> CertPair:
         )
         .sign(key, hashes.SHA256())
     )
-    pair = CertPair(directory / "ca.crt", directory / "ca.key")
+    pair = CertPair(directory / f"{stem}.crt", directory / f"{stem}.key")
     _write_cert(cert, pair.cert)
     _write_key(key, pair.key)
     return pair
@@ -173,4 +176,8 @@ def create_pki(directory: Path, service_ip: str) -> Pki:
     ca = create_ca(directory)
     apiserver = issue_serving_cert(ca, directory, "apiserver", service_ip)
     sa_key, sa_pub = create_service_account_keys(directory)
+    # The aggregation layer's own CA: the apiserver proves itself to extension apiservers with the
+    # front-proxy client cert, and components trust X-Remote-User headers only from that CA.
+    front_proxy_ca = create_ca(directory, "front-proxy-ca")
+    issue_client_cert(front_proxy_ca, directory, FRONT_PROXY_CLIENT)
     return Pki(ca=ca, apiserver=apiserver, service_account_key=sa_key, service_account_pub=sa_pub)

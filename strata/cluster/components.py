@@ -97,6 +97,8 @@ def apiserver_argv(bin_dir: Path, layout: Layout, ports: Ports, networks: Networ
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
+        # Endpoints may not hold loopback addresses, so the reconciler would fail every 10s.
+        "--endpoint-reconciler-type=none",
         f"--secure-port={ports.apiserver}",
         f"--tls-cert-file={pki / 'apiserver.crt'}",
         f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -106,6 +108,15 @@ def apiserver_argv(bin_dir: Path, layout: Layout, ports: Ports, networks: Networ
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={networks.service_cidr}",
+        # The aggregation layer, so APIService-backed APIs can be added and delegated authentication
+        # in the controller-manager and scheduler finds a complete configuration.
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
         "--allow-privileged=true",
         "--profiling=false",
         f"--v={LOG_LEVEL}",
