@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from strata.worker import cli, gpu_check
-from strata.worker.models.llama import LlamaConfig
+from strata.worker.models.llama import LlamaConfig, llama3_inv_freq
 from strata.worker.models.loader import ModelLoadError, load_model
 from strata.worker.tokenizer import ByteTokenizer, load_tokenizer
 
@@ -69,6 +69,34 @@ def test_missing_or_broken_model_dirs_are_clear_errors(tmp_path: Path) -> None:
         load_model(tmp_path, torch.float32, torch.device("cpu"))
 
 
+def test_llama3_rope_scaling_slows_only_low_frequencies() -> None:
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2).float() / 128))
+    scaled = llama3_inv_freq(inv_freq, scaling)
+    wavelen = 2 * torch.pi / inv_freq
+    high, low = wavelen < 8192 / 4, wavelen > 8192
+    assert torch.equal(scaled[high], inv_freq[high])
+    torch.testing.assert_close(scaled[low], inv_freq[low] / 8)
+    middle = ~high & ~low
+    assert middle.any() and bool(
+        ((scaled[middle] < inv_freq[middle]) & (scaled[middle] > inv_freq[middle] / 8)).all()
+    )
+
+
+def test_unsupported_rope_scaling_is_refused(tmp_path: Path, tiny_dir: Path) -> None:
+    raw = json.loads((tiny_dir / "config.json").read_text())
+    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match="yarn"):
+        load_model(tmp_path, torch.float32, torch.device("cpu"))
+
+
 def test_config_from_dict_defaults_kv_heads() -> None:
     raw = {
         "vocab_size": 8,
@@ -78,7 +106,9 @@ def test_config_from_dict_defaults_kv_heads() -> None:
         "num_attention_heads": 2,
         "max_position_embeddings": 16,
     }
-    assert LlamaConfig.from_dict(raw).num_key_value_heads == 2
+    config = LlamaConfig.from_dict(raw)
+    assert config.num_key_value_heads == 2 and config.head_dim == 4
+    assert LlamaConfig.from_dict({**raw, "head_dim": 16}).head_dim == 16
 
 
 def test_byte_tokenizer_round_trips_and_is_the_fallback(tiny_dir: Path) -> None:

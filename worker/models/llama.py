@@ -8,6 +8,7 @@ plain causal attention over the whole sequence (the no-cache reference).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -34,16 +35,20 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    rope_scaling: dict[str, Any] | None = None  # Llama 3.1+ ("rope_type": "llama3")
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LlamaConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
         values.setdefault("num_key_value_heads", raw["num_attention_heads"])
+        if values.get("head_dim") is None:
+            values.pop("head_dim", None)
         eos = values.get("eos_token_id")
         if isinstance(eos, list):  # Llama 3 lists several; the first is the end of a turn
             values["eos_token_id"] = eos[0] if eos else None
@@ -69,10 +74,27 @@ def rope_tables(config: LlamaConfig, device: torch.device) -> tuple[Tensor, Tens
     """cos and sin for every position, [max_positions, head_dim], in float32."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, device=device).float() / dim))
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     t = torch.arange(config.max_position_embeddings, device=device).float()
     angles = torch.outer(t, inv_freq)
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos(), emb.sin()
+
+
+def llama3_inv_freq(inv_freq: Tensor, scaling: dict[str, Any]) -> Tensor:
+    """Llama 3.1's long-context frequencies: low frequencies slowed by ``factor``, high ones
+    kept, a smooth blend between (as in Hugging Face's ``_compute_llama3_parameters``)."""
+    factor = float(scaling["factor"])
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, scaled)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -32,6 +32,12 @@ def read_config(path: str | Path) -> LlamaConfig:
     raw = json.loads(config_file.read_text())
     if raw.get("model_type", "llama") != "llama":
         raise ModelLoadError(f"model.path: model_type {raw.get('model_type')!r} is not llama")
+    scaling = raw.get("rope_scaling") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise ModelLoadError(
+            f"model.path: rope_scaling type {rope_type!r} is not supported (default, llama3)"
+        )
     return LlamaConfig.from_dict(raw)
 
 
