@@ -1,0 +1,172 @@
+"""The reconcile loop against an in-memory API: what it writes, what it leaves alone, what it says."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from strata.operator.children import Applier
+from strata.operator.events import RecordedEvents
+from strata.operator.kube import KubeError
+from strata.operator.metrics import OperatorMetrics
+from strata.operator.reconcile import Reconciler
+from strata.operator.settings import OperatorSettings
+
+from .factories import NS_UID, isvc_body, tier_body
+
+Key = tuple[str, str, str]
+
+
+class FakeKube:
+    """Server-side apply, get and delete over a dict; generation moves when the spec changes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.writes: list[tuple[str, Key]] = []
+        self.fail_kinds: set[str] = set()
+
+    def put(self, obj: dict[str, Any]) -> None:
+        self.objects[
+            self._key(obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        ] = obj
+
+    @staticmethod
+    def _key(kind: str, namespace: str | None, name: str) -> Key:
+        return (kind, namespace or "", name)
+
+    async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None):
+        obj = self.objects.get(self._key(kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    async def apply(self, manifest: dict[str, Any], *, subresource: str = "") -> dict[str, Any]:
+        return (await self.apply_created(manifest, subresource=subresource))[0]
+
+    async def apply_created(
+        self, manifest: dict[str, Any], *, subresource: str = ""
+    ) -> tuple[dict[str, Any], bool]:
+        if manifest["kind"] in self.fail_kinds:
+            raise KubeError(500, "InternalError", "etcd is sad")
+        meta = manifest["metadata"]
+        key = self._key(manifest["kind"], meta.get("namespace"), meta["name"])
+        current = self.objects.get(key)
+        if subresource == "status":
+            assert current is not None
+            current["status"] = copy.deepcopy(manifest["status"])
+            self.writes.append(("status", key))
+            return copy.deepcopy(current), False
+        body = {k: copy.deepcopy(v) for k, v in manifest.items() if k != "metadata"}
+        if current is not None and json.dumps(_strip(current), sort_keys=True) == json.dumps(
+            body, sort_keys=True
+        ):
+            return copy.deepcopy(current), False
+        generation = (current or {}).get("metadata", {}).get("generation", 0) + 1
+        obj = {
+            **body,
+            "metadata": {
+                **copy.deepcopy(meta),
+                "uid": f"uid-{key}",
+                "generation": generation,
+                "resourceVersion": str(len(self.writes)),
+            },
+        }
+        if current is not None and "status" in current:
+            obj["status"] = current["status"]
+        self.objects[key] = obj
+        self.writes.append(("apply", key))
+        return copy.deepcopy(obj), current is None
+
+    async def delete(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None, uid=None
+    ) -> bool:
+        self.writes.append(("delete", self._key(kind, namespace, name)))
+        return self.objects.pop(self._key(kind, namespace, name), None) is not None
+
+    async def close(self) -> None:
+        pass
+
+
+def _strip(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+
+
+def setup(tier: str = "standard", **spec: Any):
+    kube = FakeKube()
+    kube.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "uid": NS_UID}})
+    kube.put(isvc_body(tier=tier, **spec))
+    events = RecordedEvents()
+    applier = Applier(kube, OperatorSettings(), OperatorMetrics(), events)  # type: ignore[arg-type]
+    reconciler = Reconciler(applier, now=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+    return kube, events, reconciler
+
+
+def tiers(*names: str, **overrides: Any):
+    bodies = {n: tier_body(n, **overrides) for n in names}
+    return bodies.get
+
+
+def conditions(kube: FakeKube, name: str = "chat") -> dict[str, dict[str, Any]]:
+    obj = kube.objects[("InferenceService", "team-a", name)]
+    return {c["type"]: c for c in obj["status"]["conditions"]}
+
+
+async def test_first_reconcile_creates_every_child_and_reports():
+    kube, events, reconciler = setup()
+    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    kinds = {k[0] for k in kube.objects}
+    assert {"ConfigMap", "Service", "PodDisruptionBudget", "Deployment", "PriorityClass"} <= kinds
+    assert events.reasons().count("Created") == 6  # PriorityClass, ConfigMap, 2 Services, PDB, Deployment
+    conds = conditions(kube)
+    assert conds["Accepted"]["status"] == "True" and conds["Ready"]["status"] == "False"
+    assert "Warning" not in {e[1] for e in events.events}
+
+
+async def test_second_reconcile_writes_nothing_and_says_nothing():
+    kube, events, reconciler = setup()
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    writes, said = len(kube.writes), len(events.events)
+    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert kube.writes[writes:] == [] and events.events[said:] == []
+
+
+async def test_missing_tier_touches_no_child():
+    kube, events, reconciler = setup()
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    workload = copy.deepcopy(kube.objects[("Deployment", "team-a", "chat")])
+    writes = len(kube.writes)
+    assert await reconciler.reconcile_service("team-a", "chat", tiers())
+    assert [w for w in kube.writes[writes:] if w[0] != "status"] == []
+    assert kube.objects[("Deployment", "team-a", "chat")] == workload
+    conds = conditions(kube)
+    assert conds["Accepted"]["reason"] == "TierNotFound" and conds["Degraded"]["status"] == "True"
+    assert ("chat", "Warning", "TierNotFound") in {e[:3] for e in events.events}
+
+
+async def test_persistent_nvme_tier_replaces_the_deployment_with_a_statefulset():
+    kube, events, reconciler = setup()
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert await reconciler.reconcile_service(
+        "team-a", "chat", tiers("standard", cache={"nvme": {"survivesRestart": True}})
+    )
+    assert ("Deployment", "team-a", "chat") not in kube.objects
+    assert ("StatefulSet", "team-a", "chat") in kube.objects
+    assert "Replaced" in events.reasons()
+
+
+async def test_api_failure_is_reported_and_retried():
+    kube, _, reconciler = setup()
+    kube.fail_kinds = {"Deployment"}
+    assert not await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    conds = conditions(kube)
+    assert conds["Degraded"]["reason"] == "ReconcileError" and "etcd is sad" in conds["Degraded"]["message"]
+    kube.fail_kinds = set()
+    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert conditions(kube)["Degraded"]["status"] == "False"
+
+
+async def test_deleted_service_is_left_to_garbage_collection():
+    kube, _, reconciler = setup()
+    del kube.objects[("InferenceService", "team-a", "chat")]
+    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert kube.writes == []
