@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
     if not args.verbose:
         # kopf logs every handler run at INFO; ours are one per watch event, so keep INFO quiet.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every liveness probe
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,
