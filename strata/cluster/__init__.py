@@ -7,14 +7,8 @@ for people. The API is documented in docs/cluster.md.
 """
 
 from strata.cluster.binaries import MissingBinariesError, find_bin_dir
-from strata.cluster.cluster import (
-    Cluster,
-    ClusterConfig,
-    ClusterStartError,
-    KubectlError,
-    launch,
-    start_cluster,
-)
+from strata.cluster.cluster import Cluster, ClusterConfig, KubectlError
+from strata.cluster.launch import ClusterStartError, launch, start_cluster
 from strata.cluster.nodes import GpuNodeShape
 
 __all__ = [

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from strata.cluster.binaries import MissingBinariesError, find_bin_dir
-from strata.cluster.cluster import Cluster, launch
+from strata.cluster.cluster import Cluster
+from strata.cluster.launch import launch
 
 NAMESPACE_DELETE_TIMEOUT = "60s"
 

@@ -18,8 +18,9 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from strata.cluster.cluster import ClusterConfig, launch
+from strata.cluster.cluster import ClusterConfig
 from strata.cluster.components import Layout
+from strata.cluster.launch import launch
 
 log = logging.getLogger("strata.cluster.supervisor")
 

@@ -1,0 +1,171 @@
+"""Starting a cluster: certificates, ports, the five components in order, GPU nodes, readiness.
+
+Split from ``cluster`` so the handle tests use stays small; this module is only the start-up
+sequence and its failure handling (stop whatever started, surface the failing component's log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from strata.cluster import certs, components, health, kubeconfig, processes
+from strata.cluster.binaries import find_bin_dir
+from strata.cluster.cluster import Cluster, ClusterConfig
+
+log = logging.getLogger(__name__)
+
+KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+ADMIN_USER = "strata-admin"
+
+
+class ClusterStartError(RuntimeError):
+    """A component failed to start or become healthy; the message carries its log tail."""
+
+
+def _free_ports(count: int) -> list[int]:
+    # Hold every socket open until all are chosen so the kernel cannot hand out one port twice.
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def _write_identities(layout: components.Layout, api_url: str) -> None:
+    ca = certs.CertPair(layout.pki / "ca.crt", layout.pki / "ca.key")
+    clients = layout.pki / "clients"
+    identities = {
+        "admin": (ADMIN_USER, ("system:masters",)),
+        "system:kube-controller-manager": ("system:kube-controller-manager", ()),
+        "system:kube-scheduler": ("system:kube-scheduler", ()),
+        # KWOK plays every kubelet; node authorization would need one identity per node.
+        "kwok": ("kwok", ("system:masters",)),
+    }
+    for identity, (user, groups) in identities.items():
+        pair = certs.issue_client_cert(ca, clients, user, groups)
+        path = layout.admin_kubeconfig if identity == "admin" else layout.kubeconfig_for(identity)
+        kubeconfig.write_cert_kubeconfig(path, api_url, ca.cert, pair, user)
+    for component in ("kube-controller-manager", "kube-scheduler"):
+        certs.issue_serving_cert(ca, layout.pki, component, "127.0.0.1")
+
+
+def _wait_healthy(
+    process: processes.ManagedProcess, url: str, context: ssl.SSLContext | None, deadline: float
+) -> None:
+    def check() -> bool:
+        if not process.running():
+            raise ClusterStartError(
+                f"{process.name} exited with code {process.popen.returncode}; log {process.log_path}:\n"
+                + process.log_tail()
+            )
+        return health.is_healthy(url, context)
+
+    try:
+        processes.wait_until(check, max(deadline - time.monotonic(), 0.0), f"{process.name} at {url}")
+    except TimeoutError as error:
+        raise ClusterStartError(f"{error}; log {process.log_path}:\n{process.log_tail()}") from None
+
+
+def _start_components(
+    bin_dir: Path,
+    layout: components.Layout,
+    config: ClusterConfig,
+    ports: components.Ports,
+    deadline: float,
+    started: list[processes.ManagedProcess],
+) -> None:
+    def start(name: str, argv: list[str]) -> processes.ManagedProcess:
+        process = processes.start_process(name, argv, layout.logs / f"{name}.log")
+        started.append(process)
+        return process
+
+    pki = certs.CertPair(layout.pki / "ca.crt", layout.pki / "ca.key")
+    tls = health.tls_context(pki.cert)
+    etcd = start("etcd", components.etcd_argv(bin_dir, layout, ports))
+    _wait_healthy(etcd, f"http://127.0.0.1:{ports.etcd_client}/health", None, deadline)
+    apiserver = start("kube-apiserver", components.apiserver_argv(bin_dir, layout, ports, config.networks))
+    _wait_healthy(apiserver, f"https://127.0.0.1:{ports.apiserver}/readyz", tls, deadline)
+    kcm = start(
+        "kube-controller-manager", components.controller_manager_argv(bin_dir, layout, ports, config.networks)
+    )
+    scheduler = start("kube-scheduler", components.scheduler_argv(bin_dir, layout, ports))
+    kwok = start("kwok", components.kwok_argv(bin_dir, layout, config.networks, KWOK_STAGES))
+    _wait_healthy(kcm, f"https://127.0.0.1:{ports.controller_manager}/healthz", tls, deadline)
+    _wait_healthy(scheduler, f"https://127.0.0.1:{ports.scheduler}/healthz", tls, deadline)
+    if not kwok.running():
+        raise ClusterStartError(f"kwok exited; log {kwok.log_path}:\n{kwok.log_tail()}")
+
+
+def _wait_default_service_account(cluster: Cluster, deadline: float) -> None:
+    # The serviceaccount controller creating `default` proves kube-controller-manager is working;
+    # until it exists, the ServiceAccount admission plugin rejects every pod in the namespace.
+    def exists() -> bool:
+        return (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
+        )
+
+    processes.wait_until(exists, max(deadline - time.monotonic(), 0.0), "the default ServiceAccount")
+
+
+def launch(directory: Path, config: ClusterConfig | None = None, bin_dir: Path | None = None) -> Cluster:
+    """Start a cluster whose files live in ``directory`` and return once its GPU nodes are Ready.
+
+    On any failure every process already started is stopped before the error propagates.
+    """
+    config = config or ClusterConfig()
+    bin_dir = bin_dir or find_bin_dir()
+    began = time.monotonic()
+    deadline = began + config.start_timeout_s
+    layout = components.Layout(directory.resolve())
+    for path in (layout.root, layout.logs, layout.etcd_data, layout.kubeconfigs):
+        path.mkdir(parents=True, exist_ok=True)
+    certs.create_pki(layout.pki, config.networks.apiserver_service_ip)
+    ports = components.Ports(*_free_ports(5))
+    api_url = f"https://127.0.0.1:{ports.apiserver}"
+    _write_identities(layout, api_url)
+    started: list[processes.ManagedProcess] = []
+    try:
+        _start_components(bin_dir, layout, config, ports, deadline, started)
+        cluster = Cluster(layout.root, bin_dir, api_url, owned=started)
+        cluster.add_gpu_nodes(config.gpu_nodes, config.node_shape, config.node_prefix)
+        _wait_default_service_account(cluster, deadline)
+    except BaseException:
+        for process in reversed(started):
+            process.stop()
+        raise
+    cluster.startup_s = round(time.monotonic() - began, 1)
+    _write_state(layout, cluster, started)
+    log.info("cluster ready", extra={"api_url": api_url, "startup_s": cluster.startup_s})
+    return cluster
+
+
+def _write_state(
+    layout: components.Layout, cluster: Cluster, started: Sequence[processes.ManagedProcess]
+) -> None:
+    state = {
+        "api_url": cluster.api_url,
+        "bin_dir": str(cluster.bin_dir),
+        "kubeconfig": str(cluster.kubeconfig),
+        "startup_s": cluster.startup_s,
+        "pids": {process.name: process.pid for process in started},
+    }
+    layout.state.write_text(json.dumps(state, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def start_cluster(
+    directory: Path, config: ClusterConfig | None = None, bin_dir: Path | None = None
+) -> Iterator[Cluster]:
+    """``with start_cluster(tmp) as cluster:`` -- stopped on exit, also on errors and Ctrl-C."""
+    cluster = launch(directory, config, bin_dir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
