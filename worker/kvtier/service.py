@@ -151,17 +151,20 @@ class KVTierService:
 
     # ---- get: into leased slots ----
 
-    def get(self, owner: Owner, keys: Sequence[bytes]) -> list[tuple[int, int]]:
-        """(slot, checksum) of the leading blocks now in shared memory, leased to ``owner``."""
+    def get(self, owner: Owner, keys: Sequence[bytes]) -> list[tuple[int, int | None]]:
+        """(slot, checksum) of the leading blocks now in shared memory, leased to ``owner``.
+        The checksum is None for blocks verified while being read into the slot just now, so
+        the client need not check them again."""
         with self._lock:
             dram = self._require()
             now = time.time()
-            out: list[tuple[int, int]] = []
+            out: list[tuple[int, int | None]] = []
             for key in keys:
                 self._saw(key)
             i = 0
             while i < len(keys):
                 entry = dram.index.get(keys[i])
+                fresh = entry is None
                 if entry is not None:
                     dram.index.touch(keys[i], now)
                     entries = [entry]
@@ -172,7 +175,7 @@ class KVTierService:
                     owner.leases.append(entry.slot)
                     if dram.is_staging(entry.slot):
                         dram.give_back(entry.slot)  # deferred: back in the pool once released
-                    out.append((entry.slot, entry.checksum))
+                    out.append((entry.slot, None if fresh else entry.checksum))
                 if not entries:
                     break
                 i += len(entries)

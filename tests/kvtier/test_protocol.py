@@ -1,0 +1,76 @@
+"""The control protocol and the CLI: framing, bad input answered with errors naming the field,
+and a server that keeps serving after them."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from strata.worker.kvtier import cli, protocol
+from strata.worker.kvtier.server import handle
+from strata.worker.kvtier.service import KVTierService, Owner
+
+from .conftest import kvtier_config
+
+
+def test_frames_round_trip_over_a_socket_pair():
+    a, b = socket.socketpair()
+    protocol.send(a, {"op": "lookup", "keys": ["00" * 16]})
+    assert protocol.receive(b) == {"op": "lookup", "keys": ["00" * 16]}
+    a.close()
+    assert protocol.receive(b) is None  # clean end between frames
+    b.close()
+
+
+def test_truncated_and_oversized_frames_are_protocol_errors():
+    a, b = socket.socketpair()
+    a.sendall(struct.pack(">I", 10) + b"{}")
+    a.close()
+    with pytest.raises(protocol.ProtocolError, match="mid-frame"):
+        protocol.receive(b)
+    c, d = socket.socketpair()
+    c.sendall(struct.pack(">I", protocol.MAX_FRAME + 1))
+    with pytest.raises(protocol.ProtocolError, match="exceeds"):
+        protocol.receive(d)
+    e, f = socket.socketpair()
+    e.sendall(struct.pack(">I", 2) + b"[]")
+    with pytest.raises(protocol.ProtocolError, match="not a JSON object"):
+        protocol.receive(f)
+
+
+@pytest.mark.parametrize(
+    ("request_", "error"),
+    [
+        ({"op": "explode"}, "op: unknown operation 'explode'"),
+        ({"op": "lookup", "keys": "ab"}, "keys: expected a list of hex keys"),
+        ({"op": "lookup", "keys": ["zz"]}, "keys: not hex strings"),
+        ({"op": "lookup", "keys": ["abcd"]}, "keys: every key must be 16 bytes"),
+        ({"op": "release", "slots": ["1"]}, "slots: expected a list of integers"),
+        ({"op": "hello", "block_bytes": -1}, "block_bytes: expected a positive integer"),
+        ({"op": "hello", "block_bytes": 8192}, "block_bytes: sidecar holds 4096-byte blocks"),
+        ({"op": "put", "keys": ["00" * 16], "parents": [], "slots": [0]}, "must have the same length"),
+    ],
+)
+def test_bad_requests_get_errors_naming_the_field(root, request_, error):
+    service = KVTierService(kvtier_config(root))
+    service.configure(4096)
+    reply = handle(service, Owner(), request_)
+    assert reply["ok"] is False and error in reply["error"]
+    assert handle(service, Owner(), {"op": "stats"})["ok"] is True  # still serving
+    service.close()
+
+
+def test_requests_before_hello_are_refused(root):
+    service = KVTierService(kvtier_config(root))
+    reply = handle(service, Owner(), {"op": "get", "keys": ["00" * 16]})
+    assert reply == {"ok": False, "error": "sidecar not configured: send hello with block_bytes first"}
+
+
+def test_cli_rejects_a_bad_config(root, capsys):
+    path = root / "worker.yaml"
+    path.write_text("model: {name: m, path: /m}\nkvtier: {dram: {capacity_bytes: -5}}\n")
+    assert cli.main(["serve", "--config", str(path)]) == 2
+    assert "capacity_bytes" in capsys.readouterr().err
+    assert cli.main(["serve", "--config", str(root / "missing.yaml")]) == 2
