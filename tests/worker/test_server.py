@@ -178,3 +178,19 @@ async def test_metrics_count_tokens_latency_and_prefix_hits(make_engine: EngineF
             "preemptions_total",
         ):
             assert f"strata_worker_{name}" in text
+
+
+async def test_concurrent_requests_are_batched_and_match_sequential_ones(make_engine: EngineFactory) -> None:
+    prompts = [f"request number {i} " * (i + 1) for i in range(4)]
+    async with serve(make_engine, max_batched_tokens=32) as client:
+
+        async def text(prompt: str) -> str:
+            resp = await client.post("/v1/completions", json=completion(prompt=prompt, max_tokens=8))
+            assert resp.status == 200
+            body = await resp.json()
+            return str(body["choices"][0]["text"])
+
+        sequential = [await text(p) for p in prompts]
+        concurrent = await asyncio.gather(*(text(p) for p in prompts))
+        assert concurrent == sequential
+        assert (await client.get("/health")).status == 200
