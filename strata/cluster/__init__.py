@@ -8,8 +8,8 @@ for people. The API is documented in docs/cluster.md.
 
 from strata.cluster.binaries import MissingBinariesError, find_bin_dir
 from strata.cluster.cluster import Cluster, ClusterConfig, KubectlError
-from strata.cluster.launch import ClusterStartError, launch, start_cluster
 from strata.cluster.nodes import GpuNodeShape
+from strata.cluster.startup import ClusterStartError, launch, start_cluster
 
 __all__ = [
     "Cluster",

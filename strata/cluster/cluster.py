@@ -1,4 +1,4 @@
-"""The ``Cluster`` handle every test suite uses (``strata.cluster.launch`` creates one).
+"""The ``Cluster`` handle every test suite uses (``strata.cluster.startup`` creates one).
 
 A cluster is a directory (certificates, kubeconfigs, logs, etcd data, ``state.json``) plus the
 processes serving it. Tests talk to it through kubectl and per-identity kubeconfig files, the
@@ -183,3 +183,13 @@ def read_state(directory: Path) -> dict[str, Any]:
             f"{path}: no cluster state here; start one with `strata cluster up`"
         ) from None
     return state
+
+
+def __getattr__(name: str) -> Any:
+    # launch, start_cluster and ClusterStartError lived here before strata.cluster.startup; a lazy
+    # lookup keeps old imports working without a circular import. Import them from strata.cluster.
+    if name in ("launch", "start_cluster", "ClusterStartError"):
+        from strata.cluster import startup
+
+        return getattr(startup, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

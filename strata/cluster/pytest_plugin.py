@@ -18,7 +18,7 @@ import pytest
 
 from strata.cluster.binaries import MissingBinariesError, find_bin_dir
 from strata.cluster.cluster import Cluster
-from strata.cluster.launch import launch
+from strata.cluster.startup import launch
 
 NAMESPACE_DELETE_TIMEOUT = "60s"
 

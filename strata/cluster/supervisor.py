@@ -20,7 +20,7 @@ from types import FrameType
 
 from strata.cluster.cluster import ClusterConfig
 from strata.cluster.components import Layout
-from strata.cluster.launch import launch
+from strata.cluster.startup import launch
 
 log = logging.getLogger("strata.cluster.supervisor")
 

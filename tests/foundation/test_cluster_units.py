@@ -144,7 +144,7 @@ class TestComponentFlags:
         assert "--cidr=10.244.0.0/16" in argv
 
     def test_shipped_kwok_stages_cover_node_and_pod_lifecycle(self) -> None:
-        from strata.cluster.launch import KWOK_STAGES
+        from strata.cluster.startup import KWOK_STAGES
 
         names = re.findall(r"^  name: (\S+)$", KWOK_STAGES.read_text(), re.MULTILINE)
         assert names == [
