@@ -160,22 +160,24 @@ def file_io(root: Path, blocks: list[torch.Tensor], nbytes: int) -> dict[str, fl
     """Plain large-block file I/O on the same disk: one pwrite per block into a freshly
     preallocated file (as the NVMe tier writes into its preallocated slots), fsync at the end;
     reads after the pages were dropped from the cache."""
-    path = root / "plain.dat"
     views = [b.view(torch.uint8).reshape(-1).numpy().data for b in blocks]
     size = views[0].nbytes
-
-    def write(_: int) -> None:
-        path.unlink(missing_ok=True)
+    paths = [root / f"plain-{r}.dat" for r in range(REPEATS)]
+    for path in paths:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         os.posix_fallocate(fd, 0, size * len(views))
+        os.close(fd)
+
+    def write(repeat: int) -> None:
+        fd = os.open(paths[repeat], os.O_WRONLY)
         for i, view in enumerate(views):
             os.pwrite(fd, view, i * size)
         os.fsync(fd)
         os.close(fd)
 
-    def read(_: int) -> None:
-        drop_page_cache(path)
-        fd = os.open(path, os.O_RDONLY)
+    def read(repeat: int) -> None:
+        drop_page_cache(paths[repeat])
+        fd = os.open(paths[repeat], os.O_RDONLY)
         buf = bytearray(size)
         for i in range(len(views)):
             os.preadv(fd, [buf], i * size)

@@ -149,3 +149,23 @@ def test_pinned_prefixes_are_pinned_on_connect(root, start_sidecar):
     other = chain("default", list(range(1000, 1000 + 16 * 8)))
     client.save(other, blocks_for(other, torch.float32))  # far more than the 4 DRAM slots
     assert client.lookup(pinned) == ["dram", "dram"]
+
+
+def test_page_lock_registers_the_mapping_only_with_cuda(monkeypatch):
+    from strata.worker.kvtier import client as client_module
+
+    buffer = torch.zeros(4096, dtype=torch.uint8)
+    calls: list[tuple[int, int, int]] = []
+
+    class FakeCudart:
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+            calls.append((ptr, size, flags))
+            return 0 if size == 4096 else 1
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not client_module.page_lock(buffer)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", FakeCudart)
+    assert client_module.page_lock(buffer)
+    assert calls == [(buffer.data_ptr(), 4096, 0)]
+    assert not client_module.page_lock(torch.zeros(10, dtype=torch.uint8))  # an error code: not locked

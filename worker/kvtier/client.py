@@ -56,6 +56,7 @@ class TierClient:
         self._sock: socket.socket | None = None
         self._arena: SlotArena | None = None
         self._slots: torch.Tensor | None = None  # uint8 view over the whole arena
+        self._page_locked = False  # registered with CUDA: device copies are DMA
         self._retry_at = 0.0
         self._max_batch = 1
         self._down = False
@@ -131,7 +132,7 @@ class TierClient:
             loaded = intact.index(False) if False in intact else len(intact)
             if loaded < len(intact):
                 corrupt.append(hashes[loaded].hex())
-            list(self._pool.map(lambda i: out[i].copy_(self._typed(self._raw(slots[i]))), range(loaded)))
+            self._copy([(out[i], self._typed(self._raw(slots[i]))) for i in range(loaded)])
         finally:
             self._call({"op": "release", "slots": slots})
         if corrupt:
@@ -159,12 +160,25 @@ class TierClient:
     def _save_batch(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
         taken = [(b, t, s) for b, t, s in zip(blocks, data, reply["slots"], strict=True) if s is not None]
-        list(self._pool.map(lambda item: self._typed(self._raw(item[2])).copy_(item[1]), taken))
+        self._copy([(self._typed(self._raw(slot)), tensor) for _, tensor, slot in taken])
         keys = [b.hash.hex() for b, _, _ in taken]
         parents = [b.parent.hex() for b, _, _ in taken]
         slots = [s for _, _, s in taken]
         stored: int = self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})["stored"]
         return stored
+
+    def _copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """``dst.copy_(src)`` for each pair, all finished on return (the slots are handed over
+        next). Host copies run on the pool; device copies are queued asynchronously (DMA from
+        the page-locked mapping) and waited for once."""
+        devices = {t.device for pair in pairs for t in pair if t.is_cuda}
+        if not devices:
+            list(self._pool.map(lambda pair: pair[0].copy_(pair[1]), pairs))
+            return
+        for dst, src in pairs:
+            dst.copy_(src, non_blocking=self._page_locked)
+        for device in devices:
+            torch.cuda.synchronize(device)
 
     def _raw(self, slot: int) -> torch.Tensor:
         assert self._slots is not None and self._arena is not None
@@ -225,9 +239,13 @@ class TierClient:
         self._unmap()
         self._arena = SlotArena(hello["shm_path"], hello["slot_bytes"], hello["num_slots"], create=False)
         self._slots = torch.frombuffer(self._arena.mmap, dtype=torch.uint8)
+        self._page_locked = page_lock(self._slots)
         self._max_batch = max(1, int(hello.get("max_batch", 1)))
 
     def _unmap(self) -> None:
+        if self._page_locked and self._slots is not None:
+            _cudart().cudaHostUnregister(self._slots.data_ptr())
+        self._page_locked = False
         self._slots = None
         if self._arena is not None:
             with contextlib.suppress(BufferError):  # a tensor view still alive; the mapping goes with it
@@ -246,6 +264,26 @@ class TierClient:
             self._sock.close()
             self._sock = None
         self._unmap()
+
+
+def _cudart() -> Any:
+    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
+
+
+def page_lock(buffer: torch.Tensor) -> bool:
+    """On a CUDA machine, register the shared mapping as page-locked memory so that copies
+    between it and the device are DMA and may be asynchronous. Best effort: without it copies
+    are synchronous but still correct."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        error = int(_cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0))
+    except (RuntimeError, AttributeError, TypeError) as err:
+        log.info("kvtier: cannot page-lock the shared slots (%s); device copies are synchronous", err)
+        return False
+    if error:
+        log.info("kvtier: cudaHostRegister returned %d; device copies are synchronous", error)
+    return error == 0
 
 
 def connect(config: WorkerConfig, block_shape: tuple[int, ...], dtype: torch.dtype) -> KVConnector:
