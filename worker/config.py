@@ -43,13 +43,18 @@ class EngineConfig(_Strict):
         512 * 2**20, ge=1, description="KV memory on the CPU device, where free memory is not meaningful."
     )
     max_num_seqs: int = Field(64, ge=1, description="Most sequences in one batch.")
-    max_batched_tokens: int = Field(2048, ge=16, description="Token budget per scheduler step (chunked prefill).")
+    max_batched_tokens: int = Field(
+        2048, ge=16, description="Token budget per scheduler step (chunked prefill)."
+    )
     max_queue_len: int = Field(256, ge=0, description="Waiting requests beyond this are refused with 429.")
     queue_timeout_s: float = Field(
         30.0, gt=0, description="A request still waiting after this long is refused with 429 and Retry-After."
     )
     default_priority: int = Field(0, description="Priority of requests that do not set one (higher first).")
     seed: int = Field(0, description="Seed for sampling.")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="Torch intra-op threads; the pod's CPU limit (None: torch's default)."
+    )
 
 
 class ServerConfig(_Strict):

@@ -141,3 +141,15 @@ def test_gpu_check_runs_on_the_cpu() -> None:
     assert result["device"] == "cpu" and result["paged_matches_reference"] is True
     assert result["prefill_tok_s"] > 0 and result["decode_tok_s"] > 0
     assert result["ttft_cold_s"] > 0 and result["ttft_hbm_hit_s"] > 0
+
+
+def test_cpu_threads_sets_torch_threads(tiny_dir: Path) -> None:
+    from strata.worker.engine.llm_engine import LLMEngine
+    from tests.worker.conftest import make_config
+
+    before = torch.get_num_threads()
+    try:
+        LLMEngine.from_config(make_config(tiny_dir, cpu_threads=2))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -48,6 +48,13 @@ def pick_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
+def apply_cpu_threads(cfg: EngineConfig) -> None:
+    """Match torch's thread pool to the CPUs the pod may use: more threads than cores makes
+    every small decode matmul wait on oversubscribed cores."""
+    if cfg.cpu_threads is not None:
+        torch.set_num_threads(cfg.cpu_threads)
+
+
 def num_kv_blocks(cfg: EngineConfig, device: torch.device, bytes_per_block: int) -> int:
     if cfg.num_gpu_blocks is not None:
         return cfg.num_gpu_blocks
@@ -88,6 +95,7 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: WorkerConfig, connector: KVConnector | None = None) -> LLMEngine:
+        apply_cpu_threads(config.engine)
         device = pick_device(config.engine.device)
         model = load_model(config.model.path, DTYPES[config.model.dtype], device)
         tokenizer = load_tokenizer(config.model.path, model.config.eos_token_id)

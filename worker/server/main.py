@@ -7,7 +7,7 @@ import logging
 from aiohttp import web
 
 from strata.worker.config import WorkerConfig
-from strata.worker.engine.llm_engine import LLMEngine, pick_device
+from strata.worker.engine.llm_engine import LLMEngine, apply_cpu_threads, pick_device
 from strata.worker.engine.model_runner import block_shape
 from strata.worker.kv_connector import KVConnector
 from strata.worker.models.loader import DTYPES, load_model
@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(config: WorkerConfig) -> LLMEngine:
+    apply_cpu_threads(config.engine)
     device = pick_device(config.engine.device)
     dtype = DTYPES[config.model.dtype]
     model = load_model(config.model.path, dtype, device)
