@@ -84,15 +84,15 @@ def _wait_for_supervisor(directory: Path, supervisor: subprocess.Popen[bytes], l
 
 
 def usage_text(directory: Path, state: dict[str, Any]) -> str:
-    bin_dir = state["bin_dir"]
+    dir_flag = "" if directory == DEFAULT_DIR else f" --dir {directory}"
     return "\n".join(
         [
             f"cluster up at {state['api_url']} (started in {state.get('startup_s')}s), state in {directory}",
             "use it:",
-            f"  export KUBECONFIG={state['kubeconfig']} PATH={bin_dir}:$PATH",
+            f'  eval "$(strata cluster env{dir_flag})"    # sets KUBECONFIG, puts kubectl and helm on PATH',
             "  kubectl get nodes -L nvidia.com/gpu.product,strata.dev/local-nvme-gib",
-            f'or: eval "$(strata cluster env --dir {directory})"',
-            f"logs: {directory / 'logs'}    stop: strata cluster down --dir {directory}",
+            f"logs: {directory / 'logs'}",
+            f"stop: strata cluster down{dir_flag}",
         ]
     )
 

@@ -31,7 +31,7 @@ def test_up_status_env_down_leaves_no_process_behind(tmp_path: Path) -> None:
     up = strata_cluster("up", f"--dir={directory}", "--gpu-nodes=1")
     try:
         assert up.returncode == 0, up.stderr
-        assert "export KUBECONFIG=" in up.stdout
+        assert f"strata cluster env --dir {directory}" in up.stdout
         state = json.loads((directory / "state.json").read_text())
         pids += [state["supervisor_pid"], *state["pids"].values()]
         assert all(pid_alive(pid) for pid in pids)
