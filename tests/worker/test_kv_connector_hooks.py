@@ -138,3 +138,24 @@ def test_a_failing_connector_degrades_to_recomputation(make_engine: EngineFactor
     prompts = [prompt_of(24, seed=8), prompt_of(24, seed=9)]
     seqs = [engine.generate(p, GREEDY) for p in prompts + prompts[:1]]
     assert seqs[2].output_ids == reference_decode(engine, prompts[0], 5)[0]
+
+
+def test_server_start_up_connects_the_sidecar_when_enabled(tiny_dir, monkeypatch) -> None:
+    from strata.worker.config import KVTierConfig
+    from strata.worker.kvtier import client
+    from strata.worker.server.main import build_engine
+    from tests.worker.conftest import make_config
+
+    calls = []
+
+    def fake_connect(config, block_shape, dtype):
+        calls.append((block_shape, dtype))
+        return DictConnector()
+
+    monkeypatch.setattr(client, "connect", fake_connect)
+    base = make_config(tiny_dir)
+    assert build_engine(base).tiers.connector is None and not calls
+    enabled = base.model_copy(update={"kvtier": KVTierConfig(enabled=True, metrics_port=9001)})
+    engine = build_engine(enabled)
+    assert calls == [((2, 2, 4, 2, 16), torch.float32)]
+    assert isinstance(engine.tiers.connector, DictConnector)

@@ -15,7 +15,7 @@ import torch
 from strata.worker.config import EngineConfig, WorkerConfig
 from strata.worker.engine.block_manager import BlockManager
 from strata.worker.engine.kv_tiers import TierBridge
-from strata.worker.engine.model_runner import ModelRunner, block_bytes
+from strata.worker.engine.model_runner import ModelRunner, block_bytes, block_shape
 from strata.worker.engine.prefix_cache import PrefixCache
 from strata.worker.engine.sampling import Sampler
 from strata.worker.engine.scheduler import Scheduler, SchedulerLimits
@@ -76,9 +76,10 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         self.block_size = cfg.block_size
-        device = next(model.parameters()).device
+        weights = next(model.parameters())
+        device = weights.device
         self.max_context = min(config.model.max_context_tokens, model.config.max_position_embeddings)
-        num_blocks = num_kv_blocks(cfg, device, block_bytes(model, cfg.block_size, self.kv_dtype_of(model)))
+        num_blocks = num_kv_blocks(cfg, device, block_bytes(model, cfg.block_size, weights.dtype))
         self.runner = ModelRunner(model, num_blocks, cfg.block_size)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.stats = EngineStats()
@@ -94,16 +95,21 @@ class LLMEngine:
         self._seqs: dict[int, Sequence] = {}
 
     @classmethod
-    def from_config(cls, config: WorkerConfig, connector: KVConnector | None = None) -> LLMEngine:
+    def from_config(
+        cls, config: WorkerConfig, connector: KVConnector | None = None, *, connect_tiers: bool = False
+    ) -> LLMEngine:
+        """Load the model and build the engine. With ``connect_tiers`` and ``kvtier.enabled``
+        (and no ``connector`` given) it connects to the KV-tier sidecar, as the server does."""
         apply_cpu_threads(config.engine)
         device = pick_device(config.engine.device)
-        model = load_model(config.model.path, DTYPES[config.model.dtype], device)
+        dtype = DTYPES[config.model.dtype]
+        model = load_model(config.model.path, dtype, device)
         tokenizer = load_tokenizer(config.model.path, model.config.eos_token_id)
-        return cls(config, model, tokenizer, connector)
+        if connector is None and connect_tiers and config.kvtier.enabled:
+            from strata.worker.kvtier.client import connect  # only workers with the sidecar need it
 
-    @staticmethod
-    def kv_dtype_of(model: LlamaForCausalLM) -> torch.dtype:
-        return next(model.parameters()).dtype
+            connector = connect(config, block_shape(model, config.engine.block_size), dtype)
+        return cls(config, model, tokenizer, connector)
 
     @property
     def device(self) -> torch.device:
