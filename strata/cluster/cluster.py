@@ -73,6 +73,11 @@ class Cluster:
         return cls(directory, Path(state["bin_dir"]), state["api_url"], startup_s=state.get("startup_s"))
 
     @property
+    def owned_processes(self) -> list[processes.ManagedProcess]:
+        """The component processes this handle owns (empty for an attached cluster)."""
+        return list(self._owned)
+
+    @property
     def ca_cert(self) -> Path:
         return self.layout.pki / "ca.crt"
 

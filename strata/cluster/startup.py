@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import socket
 import ssl
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from strata.cluster import certs, components, health, kubeconfig, processes
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 ADMIN_USER = "strata-admin"
+PORT_ATTEMPTS = 3
 
 
 class ClusterStartError(RuntimeError):
@@ -122,11 +124,29 @@ def launch(directory: Path, config: ClusterConfig | None = None, bin_dir: Path |
     config = config or ClusterConfig()
     bin_dir = bin_dir or find_bin_dir()
     began = time.monotonic()
-    deadline = began + config.start_timeout_s
     layout = components.Layout(directory.resolve())
-    for path in (layout.root, layout.logs, layout.etcd_data, layout.kubeconfigs):
+    for path in (layout.root, layout.logs, layout.kubeconfigs):
         path.mkdir(parents=True, exist_ok=True)
     certs.create_pki(layout.pki, config.networks.apiserver_service_ip)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            cluster = _launch_once(bin_dir, layout, config, began + config.start_timeout_s)
+            break
+        except ClusterStartError as error:
+            # A free port can be taken between choosing it and the component binding it (by
+            # another test cluster or an outgoing connection); choose again.
+            if "address already in use" not in str(error) or attempt == PORT_ATTEMPTS:
+                raise
+            log.warning("port taken while starting, retrying", extra={"attempt": attempt})
+    cluster.startup_s = round(time.monotonic() - began, 1)
+    _write_state(layout, cluster)
+    log.info("cluster ready", extra={"api_url": cluster.api_url, "startup_s": cluster.startup_s})
+    return cluster
+
+
+def _launch_once(bin_dir: Path, layout: components.Layout, config: ClusterConfig, deadline: float) -> Cluster:
+    shutil.rmtree(layout.etcd_data, ignore_errors=True)  # etcd records its peer URL (a port) in its data
+    layout.etcd_data.mkdir()
     ports = components.Ports(*_free_ports(5))
     api_url = f"https://127.0.0.1:{ports.apiserver}"
     _write_identities(layout, api_url)
@@ -140,21 +160,16 @@ def launch(directory: Path, config: ClusterConfig | None = None, bin_dir: Path |
         for process in reversed(started):
             process.stop()
         raise
-    cluster.startup_s = round(time.monotonic() - began, 1)
-    _write_state(layout, cluster, started)
-    log.info("cluster ready", extra={"api_url": api_url, "startup_s": cluster.startup_s})
     return cluster
 
 
-def _write_state(
-    layout: components.Layout, cluster: Cluster, started: Sequence[processes.ManagedProcess]
-) -> None:
+def _write_state(layout: components.Layout, cluster: Cluster) -> None:
     state = {
         "api_url": cluster.api_url,
         "bin_dir": str(cluster.bin_dir),
         "kubeconfig": str(cluster.kubeconfig),
         "startup_s": cluster.startup_s,
-        "pids": {process.name: process.pid for process in started},
+        "pids": {process.name: process.pid for process in cluster.owned_processes},
     }
     layout.state.write_text(json.dumps(state, indent=2) + "\n")
 
