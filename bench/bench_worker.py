@@ -20,7 +20,7 @@ from strata.worker.models.presets import write_model
 
 SIZES = {"1k": 1024, "4k": 4096, "8k": 8192}
 REPEATS = 2
-DECODE_TOKENS = 32
+DECODE_TOKENS = 64
 BATCH = 16
 
 
