@@ -35,12 +35,17 @@ class Applier:
     # (kind, namespace, name) -> generation (or resourceVersion) our last apply left behind:
     # a different value on the next apply means that apply changed the object.
     seen: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # Tier name -> (uid, priority) of the PriorityClass applied by this process; a PriorityClass
+    # edited or deleted by someone else is re-applied from its watch, which refreshes this.
+    priority_classes: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # (namespace, name, kind) whose other workload kind was already found absent.
+    retired: set[tuple[str, str, str]] = field(default_factory=set)
 
     async def apply_service(
         self, plan: ServicePlan, owner: Mapping[str, Any], tier: Mapping[str, Any]
     ) -> Obj:
         """Apply every child of ``plan``; returns the workload as the API server now has it."""
-        await self.apply_priority_class(tier)
+        await self.ensure_priority_class(tier)
         await self._retire_other_workload(plan, owner)
         side = [
             render_configmap(plan),
@@ -72,7 +77,22 @@ class Applier:
         self.metrics.applied.labels(kind=kind, outcome=outcome).inc()
         return obj
 
+    async def ensure_priority_class(self, tier: Mapping[str, Any]) -> None:
+        """Apply the tier's PriorityClass unless this process already did for this tier version."""
+        meta = tier["metadata"]
+        if self.priority_classes.get(meta["name"]) != (
+            meta["uid"],
+            int(tier.get("spec", {}).get("priority", 0)),
+        ):
+            await self.apply_priority_class(tier)
+
     async def apply_priority_class(self, tier: Mapping[str, Any]) -> Obj:
+        obj = await self._apply_priority_class(tier)
+        meta = tier["metadata"]
+        self.priority_classes[meta["name"]] = (meta["uid"], int(obj.get("value", 0)))
+        return obj
+
+    async def _apply_priority_class(self, tier: Mapping[str, Any]) -> Obj:
         meta, spec = tier["metadata"], tier.get("spec", {})
         owner = OwnerRef(names.API_VERSION, names.TIER_KIND, meta["name"], meta["uid"])
         manifest = render_priorityclass(
@@ -112,8 +132,12 @@ class Applier:
         """A tier that starts (or stops) keeping NVMe across restarts switches the workload kind;
         the old one is deleted so the two never run side by side."""
         other = "StatefulSet" if plan.workload_kind == "Deployment" else "Deployment"
+        checked = (plan.namespace, plan.name, plan.workload_kind)
+        if checked in self.retired:
+            return
         old = await self.kube.get("apps/v1", other, names.workload_name(plan.name), plan.namespace)
         if old is None or not owned_by(old, plan.owner.uid):
+            self.retired.add(checked)
             return
         if await self.kube.delete(
             "apps/v1", other, old["metadata"]["name"], plan.namespace, old["metadata"]["uid"]
@@ -121,6 +145,11 @@ class Applier:
             self.events(
                 owner, "Normal", "Replaced", f"deleted {other} {plan.name}: now a {plan.workload_kind}"
             )
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what this process remembers of a deleted service."""
+        self.seen = {k: v for k, v in self.seen.items() if not (k[1] == namespace and k[2].startswith(name))}
+        self.retired = {k for k in self.retired if k[:2] != (namespace, name)}
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:

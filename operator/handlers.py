@@ -122,9 +122,21 @@ async def child_event(
     service's reconcile, which repairs the child and refreshes the service's status."""
     if type is None:
         return  # start-up listing: the service's own initial event covers it
+    if (
+        type == "MODIFIED"
+        and kwargs["resource"].plural == "poddisruptionbudgets"
+        and _status_only(kwargs["body"])
+    ):
+        return  # e.g. a PDB's disruption count: nothing the service's status reports
     service = labels.get(names.LABEL_SERVICE)
-    if service and namespace:
-        runtime: Runtime = memo["strata"]
+    if not service or not namespace:
+        return
+    runtime: Runtime = memo["strata"]
+    workload = kwargs["resource"].plural in ("deployments", "statefulsets")
+    if type == "MODIFIED" and workload and _status_only(kwargs["body"]):
+        # The controller moved the rollout along; a spec edit (drift) bumps the generation first.
+        await runtime.refresh_status((namespace, service), kwargs["tier_bodies"])
+    else:
         await runtime.reconcile((namespace, service), kwargs["tier_bodies"])
 
 

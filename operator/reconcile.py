@@ -50,6 +50,32 @@ class Reconciler:
             metrics.errors.inc()
         return result != "error"
 
+    async def refresh_status(self, namespace: str, name: str, tiers: TierLookup) -> bool:
+        """Status from the workload as it is now, when only the workload's status changed; a
+        service not yet reconciled at its generation, or rejected, gets a full reconcile."""
+        isvc = await self.applier.kube.get(names.API_VERSION, names.ISVC_KIND, name, namespace)
+        if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+            return True
+        status = isvc.get("status") or {}
+        accepted: dict[str, Any] = next(
+            (c for c in status.get("conditions", []) if c.get("type") == ACCEPTED), {}
+        )
+        current = status.get("observedGeneration") == isvc["metadata"].get("generation")
+        if not current or accepted.get("status") != "True":
+            return await self.reconcile_service(namespace, name, tiers)
+        spec = isvc.get("spec", {})
+        seen = Observed(
+            name=name,
+            generation=int(isvc["metadata"].get("generation", 1)),
+            tier=str(spec.get("tier", "standard")),
+            min_replicas=int(spec.get("minReplicas", 1)),
+            desired_replicas=None,  # the workload's own: this process applied it
+            endpoint=status.get("endpoint"),
+            workload=await self._observe_workload(namespace, name),
+        )
+        await self._write_status(isvc, seen)
+        return True
+
     async def _reconcile(self, isvc: Obj, tiers: TierLookup) -> str:
         meta, spec = isvc["metadata"], isvc.get("spec", {})
         tier_name = str(spec.get("tier", "standard"))

@@ -30,6 +30,9 @@ class Backoff:
 class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pending: asyncio.Future[None] | None = None
+    # The job the pending run will execute: the strongest any requester asked for.
+    pending_job: Job | None = None
+    pending_level: int = 0
     retry: asyncio.TimerHandle | None = None
     attempt: int = 0
 
@@ -48,19 +51,24 @@ class KeyedRunner:
         if slot is not None and slot.retry is not None:
             slot.retry.cancel()
 
-    async def run(self, key: Hashable, job: Job) -> None:
+    async def run(self, key: Hashable, job: Job, level: int = 1) -> None:
+        """Run ``job`` for ``key`` after any running one. A job of a higher ``level`` does more
+        (a full reconcile rather than a status refresh) and so may stand in for lower ones."""
         slot = self._slots.setdefault(key, _Slot())
         if slot.pending is not None:
+            if level > slot.pending_level:
+                slot.pending_job, slot.pending_level = job, level
             await asyncio.shield(slot.pending)  # a run not yet started will see our trigger too
             return
         pending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        slot.pending = pending
+        slot.pending, slot.pending_job, slot.pending_level = pending, job, level
         try:
             async with slot.lock:
+                chosen = job if slot.pending_job is None else slot.pending_job
                 if slot.pending is pending:
-                    slot.pending = None
-                ok = await self._attempt(job)
-                self._schedule_retry(key, slot, job, ok)
+                    slot.pending, slot.pending_job, slot.pending_level = None, None, 0
+                ok = await self._attempt(chosen)
+                self._schedule_retry(key, slot, chosen, ok)
         finally:
             if not pending.done():
                 pending.set_result(None)

@@ -18,6 +18,7 @@ from strata.operator.runner import KeyedRunner
 from strata.operator.settings import OperatorSettings
 
 ServiceKey = tuple[str, str]  # (namespace, name)
+STATUS, FULL = 1, 2  # runner levels: a full reconcile also refreshes status
 # kopf indices map a key to a store of values; any mapping of iterables reads the same.
 TierIndex = Mapping[str, Iterable[Mapping[str, Any]]]
 
@@ -42,11 +43,23 @@ class Runtime:
         async def job() -> bool:
             return await self.reconciler.reconcile_service(key[0], key[1], lookup)
 
-        await self.runner.run(key, job)
+        await self.runner.run(key, job, level=FULL)
         self.metrics.managed.set(len(self.runner.keys()))
+
+    async def refresh_status(self, key: ServiceKey, tier_index: TierIndex) -> None:
+        """Only the workload's status moved: refresh the service's status, apply nothing."""
+
+        def lookup(name: str) -> Mapping[str, Any] | None:
+            return next(iter(tier_index.get(name, ())), None)
+
+        async def job() -> bool:
+            return await self.reconciler.refresh_status(key[0], key[1], lookup)
+
+        await self.runner.run(key, job, level=STATUS)
 
     def forget(self, key: ServiceKey) -> None:
         self.runner.forget(key)
+        self.reconciler.applier.forget(*key)
         self.metrics.managed.set(len(self.runner.keys()))
 
     async def close(self) -> None:

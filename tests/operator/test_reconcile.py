@@ -170,3 +170,23 @@ async def test_deleted_service_is_left_to_garbage_collection():
     del kube.objects[("InferenceService", "team-a", "chat")]
     assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
     assert kube.writes == []
+
+
+async def test_status_refresh_applies_nothing_once_reconciled():
+    kube, _, reconciler = setup()
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    deployment = kube.objects[("Deployment", "team-a", "chat")]
+    deployment["status"] = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "observedGeneration": 1}
+    writes = len(kube.writes)
+    assert await reconciler.refresh_status("team-a", "chat", tiers("standard"))
+    assert [w[0] for w in kube.writes[writes:]] == ["status"]
+    assert conditions(kube)["Ready"]["status"] == "True"
+
+
+async def test_status_refresh_of_a_rejected_service_reconciles_fully():
+    kube, _, reconciler = setup()
+    await reconciler.reconcile_service("team-a", "chat", tiers())
+    assert conditions(kube)["Accepted"]["status"] == "False"
+    assert await reconciler.refresh_status("team-a", "chat", tiers("standard"))
+    assert conditions(kube)["Accepted"]["status"] == "True"
+    assert ("Deployment", "team-a", "chat") in kube.objects

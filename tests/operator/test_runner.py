@@ -75,3 +75,29 @@ async def test_exceptions_count_as_failures_and_forget_stops_retries():
 def test_backoff_doubles_up_to_the_cap():
     b = Backoff(first_s=1, max_s=5)
     assert [b.delay(i) for i in range(5)] == [1, 2, 4, 5, 5]
+
+
+async def test_a_stronger_job_replaces_a_weaker_pending_one():
+    runner = KeyedRunner()
+    started, release = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    def job(name: str):
+        async def run() -> bool:
+            ran.append(name)
+            started.set()
+            await release.wait()
+            return True
+
+        return run
+
+    first = asyncio.create_task(runner.run("a", job("first"), level=1))
+    await started.wait()
+    weak = asyncio.create_task(runner.run("a", job("status"), level=1))
+    await asyncio.sleep(0)
+    strong = asyncio.create_task(runner.run("a", job("full"), level=2))
+    await asyncio.sleep(0)
+    weaker = asyncio.create_task(runner.run("a", job("status-again"), level=1))
+    release.set()
+    await asyncio.gather(first, weak, strong, weaker)
+    assert ran == ["first", "full"]
