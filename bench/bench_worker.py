@@ -7,6 +7,7 @@ Cold and hit figures are measured side by side in one run; each is the best of `
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from typing import Any
@@ -42,6 +43,7 @@ def _size_figures(engine: LLMEngine, label: str, n: int, seed: int) -> dict[str,
 
 def run() -> dict[str, Any]:
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]  # the CPU is shared: read the figures against the load
     with tempfile.TemporaryDirectory() as model_dir:
         write_model(model_dir, "small")
         engine = _engine(model_dir)
@@ -59,6 +61,8 @@ def run() -> dict[str, Any]:
         "device_name": torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu",
         "model": "small (seeded test model, Llama architecture)",
         "model_params": params,
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_1m": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
         "block_size": engine.block_size,
         "max_batched_tokens": engine.config.engine.max_batched_tokens,
         "prefill_tok_s": pick("prefill", 1),
