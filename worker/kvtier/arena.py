@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import mmap
 import os
-import zlib
 from pathlib import Path
+
+import xxhash
 
 PAGE = 4096
 
@@ -23,8 +24,9 @@ def slot_bytes_for(block_bytes: int) -> int:
 
 
 def checksum(data: memoryview | bytes) -> int:
-    """crc32: cheap (GB/s), enough to catch torn and corrupted blocks (not an adversary)."""
-    return zlib.crc32(data)
+    """XXH3-64: several times faster than crc32 (the checksum is on every block's path in and
+    out), and enough to catch torn and corrupted blocks (it is not meant against an adversary)."""
+    return xxhash.xxh3_64_intdigest(data)
 
 
 class SlotArena:

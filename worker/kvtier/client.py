@@ -15,7 +15,6 @@ import math
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -26,7 +25,7 @@ from strata.worker import kv_connector
 from strata.worker.config import WorkerConfig
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier import protocol
-from strata.worker.kvtier.arena import SlotArena
+from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -144,7 +143,7 @@ class TierClient:
     def _verify(self, slot: int, expected: int | None) -> bool:
         """Check a slot against its checksum (None: the sidecar just verified it)."""
         assert self._arena is not None
-        return expected is None or zlib.crc32(self._arena.view(slot, self.block_bytes)) == expected
+        return expected is None or checksum(self._arena.view(slot, self.block_bytes)) == expected
 
     def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and

@@ -23,11 +23,11 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_RECORD = struct.Struct("<B16s16sIiI")  # op, key, parent, slot, priority, block checksum
+_RECORD = struct.Struct("<B16s16sIiQ")  # op, key, parent, slot, priority, block checksum
 _CRC = struct.Struct("<I")
 RECORD_BYTES = _RECORD.size + _CRC.size
 OP_PUT, OP_DEL = 1, 2
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,8 @@ class KVTierService:
         self._seen: OrderedDict[bytes, int] = OrderedDict()
         self._pinned: set[bytes] = set()
         self._background = ThreadPoolExecutor(1, thread_name_prefix="kvtier-prefetch")
-        # Checksums of a batch in parallel: zlib releases the GIL on large buffers.
-        self._cpu = ThreadPoolExecutor(config.nvme.io_threads, thread_name_prefix="kvtier-crc")
+        # Checksums of a batch in parallel (the hash releases the GIL on large buffers).
+        self._cpu = ThreadPoolExecutor(config.nvme.io_threads, thread_name_prefix="kvtier-checksum")
 
     # ---- set-up ----
 

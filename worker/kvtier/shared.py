@@ -16,9 +16,9 @@ from typing import Protocol
 
 from strata.worker.kvtier.arena import checksum
 
-_HEADER = struct.Struct("<8sII16s16siI")  # magic, version, length, key, parent, priority, crc32
+_HEADER = struct.Struct("<8sII16s16siQ")  # magic, version, length, key, parent, priority, checksum
 _MAGIC = b"STRATAKV"
-_VERSION = 1
+_VERSION = 2
 
 
 class CorruptBlock(Exception):
