@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from strata.worker.server.app import build_app
+from strata.worker.server.app import LOOP_KEY, build_app
 from strata.worker.server.engine_loop import EngineLoop
 from tests.worker.conftest import EngineFactory
 
@@ -194,3 +194,20 @@ async def test_concurrent_requests_are_batched_and_match_sequential_ones(make_en
         concurrent = await asyncio.gather(*(text(p) for p in prompts))
         assert concurrent == sequential
         assert (await client.get("/health")).status == 200
+
+
+async def test_a_client_leaving_mid_stream_frees_its_request(make_engine: EngineFactory) -> None:
+    async with serve(make_engine) as client:
+        loop = client.app[LOOP_KEY] if client.app else None
+        assert loop is not None
+        resp = await client.post("/v1/completions", json=completion(max_tokens=900, stream=True))
+        assert resp.status == 200
+        await resp.content.readline()  # the first event arrived: generation is under way
+        resp.close()
+        for _ in range(200):
+            if not loop.engine.has_unfinished():
+                break
+            await asyncio.sleep(0.05)
+        assert not loop.engine.has_unfinished()
+        assert loop.engine.stats.generation_tokens < 900  # aborted, not run to max_tokens
+        assert (await client.get("/ready")).status == 200

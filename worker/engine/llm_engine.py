@@ -170,7 +170,7 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule(time.monotonic())
-        outputs = [self._finish(seq, seq.finish_reason or "queue_timeout", []) for seq in batch.rejected]
+        outputs = [self._forget(seq, []) for seq in batch.rejected]  # the scheduler finished them
         self.tiers.save_evictions()
         if not batch.items:
             return outputs
@@ -209,6 +209,9 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str, tokens: list[int]) -> StepOutput:
         self.scheduler.finish(seq, reason)
+        return self._forget(seq, tokens)
+
+    def _forget(self, seq: Sequence, tokens: list[int]) -> StepOutput:
         self.sampler.forget(seq.seq_id)
         self._seqs.pop(seq.seq_id, None)
         return StepOutput(seq, tokens, True)

@@ -161,12 +161,15 @@ class _Relay:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        async for text, reason in self._events(first):
-            if text or reason is not None:
-                chunk = response_body(self.req, text, reason, None)
-                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            async for text, reason in self._events(first):
+                if text or reason is not None:
+                    chunk = response_body(self.req, text, reason, None)
+                    await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away: stop generating, nothing to report
+            self.loop.abort(self.handle)
         return response
 
 
