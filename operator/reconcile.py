@@ -18,7 +18,7 @@ from strata.operator.api import ACCEPTED, DEGRADED, READY
 from strata.operator.children import Applier
 from strata.operator.kube import KubeError, Obj
 from strata.operator.resolve import SERVER_PORT, ResolveInput, SpecRejected, resolve
-from strata.operator.status import Observed, compute_status, status_changed
+from strata.operator.status import Observed, compute_status, stamp_condition, status_changed
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +166,20 @@ class TierReconciler:
         except KubeError as exc:
             self.applier.events(tier, "Warning", "PriorityClassFailed", str(exc))
             return False
+        current = tier.get("status") or {}
+        generation = int(meta.get("generation", 1))
+        ready = {
+            "type": READY,
+            "status": "True",
+            "reason": "PriorityClassReady",
+            "message": f"PriorityClass {pc['metadata']['name']} has value {pc.get('value')}",
+        }
         status = {
-            "observedGeneration": int(meta.get("generation", 1)),
+            "observedGeneration": generation,
             "priorityClassName": pc["metadata"]["name"],
             "services": services,
+            "conditions": [stamp_condition(ready, generation, current.get("conditions", []) or [], utcnow())],
         }
-        current = tier.get("status") or {}
         if any(current.get(k) != v for k, v in status.items()):
             body = {
                 "apiVersion": names.API_VERSION,

@@ -82,7 +82,7 @@ def compute_status(seen: Observed, previous: Sequence[Mapping[str, Any]], now: d
         _progressing(seen, roll),
         _degraded(seen, roll),
     ]
-    stamped = [_stamp(c, seen.generation, previous, now) for c in conditions]
+    stamped = [stamp_condition(c, seen.generation, previous, now) for c in conditions]
     status: Status = {
         "observedGeneration": seen.generation,
         "conditions": stamped,
@@ -141,7 +141,7 @@ def _degraded(seen: Observed, roll: Rollout) -> dict[str, Any]:
     return _cond(DEGRADED, False, "AsExpected", "")
 
 
-def _stamp(
+def stamp_condition(
     cond: dict[str, Any], generation: int, previous: Sequence[Mapping[str, Any]], now: datetime
 ) -> dict[str, Any]:
     before = next((p for p in previous if p.get("type") == cond["type"]), None)
