@@ -2,7 +2,7 @@
 shareable blocks on a shared filesystem, behind a Unix-socket protocol the engine's
 :class:`~strata.worker.kv_connector.KVConnector` client speaks.
 
-Layers import downward only: ``client`` -> ``protocol``; ``service`` -> ``tiers`` (``dram``,
-``nvme``, ``shared``) -> ``index`` -> ``policy``. ``policy``, ``index`` and ``simulate`` are
+Layers import downward only: ``client`` -> ``protocol``, ``arena``; ``server`` -> ``service``
+-> ``movement`` -> ``tiers`` -> (``arena``, ``nvme``, ``shared``, ``index``) -> ``policy``. ``policy``, ``index`` and ``simulate`` are
 pure and tensor-free, so the trace benchmark runs exactly the policy code the sidecar runs.
 """
