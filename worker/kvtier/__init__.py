@@ -3,6 +3,7 @@ shareable blocks on a shared filesystem, behind a Unix-socket protocol the engin
 :class:`~strata.worker.kv_connector.KVConnector` client speaks.
 
 Layers import downward only: ``client`` -> ``protocol``, ``arena``; ``server`` -> ``service``
--> ``movement`` -> ``tiers`` -> (``arena``, ``nvme``, ``shared``, ``index``) -> ``policy``. ``policy``, ``index`` and ``simulate`` are
-pure and tensor-free, so the trace benchmark runs exactly the policy code the sidecar runs.
+-> ``movement`` -> ``tiers`` -> (``arena``, ``nvme``, ``shared``, ``index``) -> ``policy``.
+``policy``, ``index`` and ``simulate`` are pure and tensor-free, so the trace benchmark runs
+exactly the policy code the sidecar runs; the sidecar process never loads torch.
 """

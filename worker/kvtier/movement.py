@@ -133,8 +133,8 @@ class Mover:
     def dram_slots(self, count: int) -> list[int]:
         """Up to ``count`` free DRAM slots, evicting (and, write-back, demoting) as needed."""
         dram = self.dram
-        while dram.free_slots() < count:
-            victims = dram.index.evict(count - dram.free_slots())
+        while (before := dram.free_slots()) < count:
+            victims = dram.index.evict(count - before)
             if not victims:
                 break
             self.metrics.evictions.labels("dram").inc(len(victims))
@@ -142,6 +142,8 @@ class Mover:
             for _, entry in victims:
                 dram.give_back(entry.slot)
             self.publish_usage()
+            if dram.free_slots() == before:  # all leased (being read): their slots come back later
+                break
         return [
             s
             for s in (dram.take_slot(staging=False) for _ in range(min(count, dram.free_slots())))
