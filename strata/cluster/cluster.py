@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata.cluster import certs, components, kubeconfig, nodes, processes
+from strata.cluster import certs, components, kubeconfig, nodes, processes, storage
 
 KUBECTL_TIMEOUT_S = 120.0
 
@@ -159,6 +159,12 @@ class Cluster:
         if wait:
             self.wait_nodes_ready(names, timeout_s)
         return names
+
+    def add_storage_class(
+        self, name: str, default: bool = False, binding_mode: storage.BindingMode = "Immediate"
+    ) -> None:
+        """A StorageClass whose claims KWOK provisions and binds (cluster-scoped: delete it after)."""
+        self.apply(storage.storage_class_manifest(name, default, binding_mode))
 
     def wait_nodes_ready(self, names: Sequence[str], timeout_s: float = 120.0) -> None:
         self.kubectl(

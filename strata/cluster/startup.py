@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from strata.cluster import certs, components, health, kubeconfig, processes
+from strata.cluster import certs, components, health, kubeconfig, processes, storage
 from strata.cluster.binaries import find_bin_dir
 from strata.cluster.cluster import Cluster, ClusterConfig
 
@@ -155,6 +155,7 @@ def _launch_once(bin_dir: Path, layout: components.Layout, config: ClusterConfig
         _start_components(bin_dir, layout, config, ports, deadline, started)
         cluster = Cluster(layout.root, bin_dir, api_url, owned=started)
         cluster.add_gpu_nodes(config.gpu_nodes, config.node_shape, config.node_prefix)
+        cluster.add_storage_class(storage.DEFAULT_STORAGE_CLASS, default=True)
         _wait_default_service_account(cluster, deadline)
     except BaseException:
         for process in reversed(started):

@@ -222,6 +222,62 @@ spec:
         )
 
 
+def test_claims_are_provisioned_and_bound_and_their_volumes_deleted(cluster: Cluster, namespace: str) -> None:
+    local_nvme = f"nvme-{namespace}"
+    cluster.add_storage_class(local_nvme, binding_mode="WaitForFirstConsumer")
+    try:
+        shared_claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "shared"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+        }
+        cluster.apply(shared_claim, namespace)  # no class: the default one, provisioned at once
+        workload = deployment("cache", replicas=1, gpus=1)
+        workload["kind"], workload["apiVersion"] = "StatefulSet", "apps/v1"
+        pod_spec = workload["spec"]["template"]["spec"]
+        pod_spec["containers"][0]["volumeMounts"] = [
+            {"name": "nvme", "mountPath": "/nvme"},
+            {"name": "shared", "mountPath": "/shared"},
+        ]
+        pod_spec["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}}]
+        workload["spec"]["volumeClaimTemplates"] = [
+            {
+                "metadata": {"name": "nvme"},
+                "spec": {
+                    "storageClassName": local_nvme,
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "100Gi"}},
+                },
+            }
+        ]
+        cluster.apply(workload, namespace)
+        cluster.kubectl(
+            "rollout", "status", "statefulset/cache", "-n", namespace, "--timeout=90s", timeout_s=120
+        )
+
+        claims = {
+            c["metadata"]["name"]: c for c in cluster.kubectl_json("get", "pvc", "-n", namespace)["items"]
+        }
+        assert {name: c["status"]["phase"] for name, c in claims.items()} == {
+            "shared": "Bound",
+            "nvme-cache-0": "Bound",
+        }
+        assert claims["shared"]["spec"]["storageClassName"] == "standard"
+        volumes = [claims[name]["spec"]["volumeName"] for name in ("shared", "nvme-cache-0")]
+
+        cluster.kubectl("delete", "statefulset", "cache", "-n", namespace, "--wait=true", timeout_s=120)
+        cluster.kubectl("delete", "pvc", "--all", "-n", namespace, "--wait=false")
+
+        def volumes_deleted() -> bool:
+            names = cluster.kubectl("get", "pv", "-o", "name").stdout.split()
+            return not {f"persistentvolume/{v}" for v in volumes} & set(names)
+
+        eventually(volumes_deleted, what="the provisioned volumes to be deleted")
+    finally:
+        cluster.kubectl("delete", "storageclass", local_nvme, "--ignore-not-found", check=False)
+
+
 def test_fake_nodes_heartbeat_through_leases_and_stay_untainted(cluster: Cluster) -> None:
     # Without node Leases the node lifecycle controller taints every node unreachable (NoExecute)
     # about 50s after start, which evicts pods and blocks scheduling in longer test sessions.

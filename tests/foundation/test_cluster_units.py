@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from strata.cluster import binaries, certs, components, nodes
+from strata.cluster import binaries, certs, components, nodes, storage
 from strata.cluster.cluster import ClusterConfig
 from strata.cluster.pytest_plugin import namespace_name
 
@@ -153,7 +153,25 @@ class TestComponentFlags:
             "pod-ready",
             "pod-complete",
             "pod-delete",
+            "pvc-provision",
+            "pv-bind",
+            "pvc-delete",
+            "pv-delete",
         ]
+
+    def test_volume_stages_act_for_every_class_of_the_kwok_provisioner(self) -> None:
+        from strata.cluster.startup import KWOK_STAGES
+
+        text = KWOK_STAGES.read_text()
+        assert "storageClassName == 'kwok-volume'" not in text
+        assert text.count(f"== '{storage.PROVISIONER}'") == 4
+
+    def test_storage_class_uses_the_kwok_provisioner(self) -> None:
+        manifest = storage.storage_class_manifest("fast", default=True, binding_mode="WaitForFirstConsumer")
+        assert manifest["provisioner"] == storage.PROVISIONER
+        assert manifest["metadata"]["annotations"] == {"storageclass.kubernetes.io/is-default-class": "true"}
+        assert manifest["volumeBindingMode"] == "WaitForFirstConsumer"
+        assert storage.storage_class_manifest("slow")["metadata"]["annotations"] == {}
 
 
 class TestCertificates:
