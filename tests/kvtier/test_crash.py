@@ -63,7 +63,6 @@ def test_sigkill_mid_write_loses_no_committed_block(root):
         write_mode="write-through",
         dram={"capacity_bytes": 1 * 2**20},  # small: DRAM evicts constantly while NVMe fills
         nvme={"capacity_bytes": 64 * 2**20, "persistent": True, "admit_after_hits": 0},
-        metrics_port=18931,
     )
     config_path = root / "worker.yaml"
     config_path.write_text(config.to_yaml())

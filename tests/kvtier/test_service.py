@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import time
 import urllib.request
 
@@ -201,16 +202,23 @@ def test_dropped_connection_returns_its_slots(root):
     service.close()
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def test_metrics_and_health_endpoints(root):
-    sidecar = Sidecar(kvtier_config(root), block_bytes=BLOCK, metrics_port=18977)
+    port = free_port()
+    sidecar = Sidecar(kvtier_config(root), block_bytes=BLOCK, metrics_port=port)
     sidecar.start()
     try:
         put(sidecar.service, [0, 1])
         sidecar.service.lookup([key(0), key(9)])
-        body = urllib.request.urlopen("http://127.0.0.1:18977/metrics", timeout=5).read().decode()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert 'strata_kvtier_hits_total{tier="dram"} 1.0' in body
         assert 'strata_kvtier_used_bytes{tier="dram"} 8192.0' in body
         assert "strata_kvtier_write_seconds_bucket" in body
-        assert urllib.request.urlopen("http://127.0.0.1:18977/health", timeout=5).status == 200
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
     finally:
         sidecar.stop()
