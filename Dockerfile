@@ -15,9 +15,11 @@ FROM base AS operator
 # The operator extra never pulls torch (tests/foundation checks the import graph).
 RUN pip install --no-compile '.[operator]' && rm -rf /src
 USER 10001:10001
-CMD ["strata", "operator"]
+ENTRYPOINT ["strata"]
+CMD ["operator"]
 
 FROM base AS worker
 RUN pip install --no-compile '.[worker]' && rm -rf /src
 USER 10001:10001
-CMD ["strata", "worker", "serve", "--config", "/etc/strata/worker.yaml"]
+ENTRYPOINT ["strata"]
+CMD ["worker", "serve", "--config", "/etc/strata/worker.yaml"]
