@@ -70,12 +70,17 @@ def _clear_directory(directory: Path) -> None:
 
 def _wait_for_supervisor(directory: Path, supervisor: subprocess.Popen[bytes], log_path: Path) -> bool:
     deadline = time.monotonic() + UP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if _supervisor_pid(_read_state(directory)) == supervisor.pid:
-            return True
-        if supervisor.poll() is not None:
-            break
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if _supervisor_pid(_read_state(directory)) == supervisor.pid:
+                return True
+            if supervisor.poll() is not None:
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        # The supervisor runs in its own session, out of reach of the terminal's Ctrl-C.
+        supervisor.send_signal(signal.SIGTERM)
+        raise
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:]) if log_path.exists() else ""
     print(f"strata cluster: start failed; supervisor log {log_path}:\n{tail}", file=sys.stderr)
     if supervisor.poll() is None:
@@ -220,6 +225,9 @@ def main(argv: list[str]) -> int:
         if args.command == "env":
             return cmd_env(args.dir)
         return cmd_status(args.dir)
+    except KeyboardInterrupt:
+        print("strata cluster: interrupted", file=sys.stderr)
+        return 130
     except (binaries.MissingBinariesError, NotAClusterDirectoryError) as error:
         print(f"strata cluster: {error}", file=sys.stderr)
         return 1

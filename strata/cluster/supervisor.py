@@ -20,6 +20,7 @@ from types import FrameType
 
 from strata.cluster.cluster import ClusterConfig
 from strata.cluster.components import Layout
+from strata.cluster.processes import ManagedProcess
 from strata.cluster.startup import launch
 
 log = logging.getLogger("strata.cluster.supervisor")
@@ -30,6 +31,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--gpu-nodes", type=int, default=ClusterConfig.gpu_nodes)
     return parser.parse_args(argv)
+
+
+def report_exited(running: list[ManagedProcess], reported: set[str]) -> set[str]:
+    """Log each component that has exited since the last call (once); the names now known dead."""
+    exited = {p.name for p in running if not p.running()} - reported
+    for process in running:
+        if process.name in exited:
+            log.error(
+                "%s exited with code %s; log %s", process.name, process.popen.returncode, process.log_path
+            )
+    return exited
 
 
 def main(argv: list[str]) -> int:
@@ -50,8 +62,9 @@ def main(argv: list[str]) -> int:
         state["supervisor_pid"] = os.getpid()
         layout.state.write_text(json.dumps(state, indent=2) + "\n")
         log.info("cluster up in %.1fs at %s", cluster.startup_s or 0.0, cluster.api_url)
+        reported: set[str] = set()
         while not stop.wait(1.0):
-            pass
+            reported |= report_exited(cluster.owned_processes, reported)
     finally:
         log.info("stopping cluster")
         cluster.stop()

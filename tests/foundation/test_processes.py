@@ -15,6 +15,7 @@ import pytest
 
 from strata.cluster import processes
 from strata.cluster.cli import pid_alive
+from strata.cluster.supervisor import report_exited
 
 
 def wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
@@ -115,3 +116,21 @@ def test_children_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
 def test_wait_until_names_what_it_waited_for() -> None:
     with pytest.raises(TimeoutError, match="the moon"):
         processes.wait_until(lambda: False, timeout_s=0.1, what="the moon", interval_s=0.02)
+
+
+def test_supervisor_reports_each_exited_component_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    done = processes.start_process("quitter", ["true"], tmp_path / "quitter.log")
+    alive = processes.start_process("stayer", ["sleep", "300"], tmp_path / "stayer.log")
+    done.popen.wait(timeout=10)
+    try:
+        with caplog.at_level("ERROR", logger="strata.cluster.supervisor"):
+            reported = report_exited([done, alive], set())
+            assert reported == {"quitter"}
+            assert report_exited([done, alive], reported) == set()
+        assert [r.getMessage() for r in caplog.records] == [
+            f"quitter exited with code 0; log {tmp_path / 'quitter.log'}"
+        ]
+    finally:
+        alive.stop()
