@@ -69,6 +69,7 @@ class Cluster:
     @classmethod
     def attach(cls, directory: Path) -> Cluster:
         """A handle on a cluster another process runs (``strata cluster up``); ``stop`` is a no-op."""
+        directory = directory.resolve()
         state = read_state(directory)
         return cls(directory, Path(state["bin_dir"]), state["api_url"], startup_s=state.get("startup_s"))
 
