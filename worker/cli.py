@@ -1,4 +1,4 @@
-"""``strata worker``: serve a model, make a deterministic test model, or check the GPU path."""
+"""``strata worker``: serve a model, fetch or make a model directory, or check the GPU path."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--preset", choices=["tiny", "small"], default="tiny")
     make.add_argument("--out", required=True)
     make.add_argument("--seed", type=int, default=0)
+    fetch = sub.add_parser(
+        "fetch-model", help="fill a model directory from builtin://, http(s)://, hf://, s3://, gs://"
+    )
+    fetch.add_argument("--source", required=True, help="model URI (builtin://tiny, hf://org/name@rev, ...)")
+    fetch.add_argument("--dest", required=True, help="directory to fill (the engine's model.path)")
     gpu = sub.add_parser("gpu-check", help="prove the CUDA path and print throughput and TTFT as JSON")
     gpu.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     gpu.add_argument("--preset", choices=["tiny", "small"], default="small")
@@ -37,6 +42,8 @@ def main(argv: list[str]) -> int:
 
         print(write_model(args.out, args.preset, args.seed))
         return 0
+    if args.command == "fetch-model":
+        return _fetch(args.source, args.dest)
     if args.command == "gpu-check":
         from strata.worker import gpu_check
 
@@ -46,6 +53,17 @@ def main(argv: list[str]) -> int:
         print(json.dumps(result, indent=2))
         return 0 if result["paged_matches_reference"] else 1
     return _serve(args.config, args.log_level)
+
+
+def _fetch(source: str, dest: str) -> int:
+    from strata.worker.fetch import FetchError, fetch_model
+
+    try:
+        print(fetch_model(source, dest))
+    except FetchError as exc:
+        print(f"strata worker fetch-model: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _serve(path: str, level: str) -> int:

@@ -153,3 +153,11 @@ def test_cpu_threads_sets_torch_threads(tiny_dir: Path) -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_fetch_model_command(tmp_path: Path, tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dest = tmp_path / "model"
+    assert cli.main(["fetch-model", "--source", "builtin://tiny", "--dest", str(dest)]) == 0
+    assert (dest / "model.safetensors").read_bytes() == (tiny_dir / "model.safetensors").read_bytes()
+    assert cli.main(["fetch-model", "--source", "builtin://nope", "--dest", str(tmp_path / "x")]) == 2
+    assert "nope" in capsys.readouterr().err
