@@ -154,7 +154,11 @@ def cmd_down(directory: Path) -> int:
     supervisor = _supervisor_pid(state)
     if supervisor is not None:
         os.kill(supervisor, signal.SIGTERM)
-        _wait_gone([supervisor], DOWN_TIMEOUT_S)
+        if _wait_gone([supervisor], DOWN_TIMEOUT_S):
+            # Hung: SIGKILL it; PR_SET_PDEATHSIG then takes its components down too.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisor, signal.SIGKILL)
+            _wait_gone([supervisor], 5.0)
     components_pids = [int(p) for p in state.get("pids", {}).values()]
     leftovers = [p for p in components_pids if pid_alive(p) and _is_component(p, state["bin_dir"])]
     for pid in leftovers:
