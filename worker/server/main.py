@@ -32,6 +32,14 @@ def serve(config: WorkerConfig) -> None:
     engine = build_engine(config)
     app = build_app(EngineLoop(engine))
     try:
-        web.run_app(app, host=config.server.host, port=config.server.port, print=None, access_log=None)
+        # handler_cancellation: a client that hangs up aborts its request instead of running on
+        web.run_app(
+            app,
+            host=config.server.host,
+            port=config.server.port,
+            print=None,
+            access_log=None,
+            handler_cancellation=True,
+        )
     finally:
         engine.close()
