@@ -51,6 +51,10 @@ def test_truncated_and_oversized_frames_are_protocol_errors():
         ({"op": "hello", "block_bytes": -1}, "block_bytes: expected a positive integer"),
         ({"op": "hello", "block_bytes": 8192}, "block_bytes: sidecar holds 4096-byte blocks"),
         ({"op": "put", "keys": ["00" * 16], "parents": [], "slots": [0]}, "must have the same length"),
+        (
+            {"op": "put", "keys": ["00" * 16], "parents": ["00" * 16], "slots": [0], "checksums": ["x"]},
+            "checksums: expected a list of integers",
+        ),
     ],
 )
 def test_bad_requests_get_errors_naming_the_field(root, request_, error):

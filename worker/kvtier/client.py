@@ -143,7 +143,7 @@ class TierClient:
     def _verify(self, slot: int, expected: int | None) -> bool:
         """Check a slot against its checksum (None: the sidecar just verified it)."""
         assert self._arena is not None
-        return expected is None or checksum(self._arena.view(slot, self.block_bytes)) == expected
+        return expected is None or self._slot_checksum(slot) == expected
 
     def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and
@@ -159,12 +159,34 @@ class TierClient:
     def _save_batch(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
         taken = [(b, t, s) for b, t, s in zip(blocks, data, reply["slots"], strict=True) if s is not None]
-        self._copy([(self._typed(self._raw(slot)), tensor) for _, tensor, slot in taken])
-        keys = [b.hash.hex() for b, _, _ in taken]
-        parents = [b.parent.hex() for b, _, _ in taken]
         slots = [s for _, _, s in taken]
-        stored: int = self._call({"op": "put", "keys": keys, "parents": parents, "slots": slots})["stored"]
+        sums = self._copy_in([t for _, t, _ in taken], slots)
+        message = {
+            "op": "put",
+            "keys": [b.hash.hex() for b, _, _ in taken],
+            "parents": [b.parent.hex() for b, _, _ in taken],
+            "slots": slots,
+            "checksums": sums,
+        }
+        stored: int = self._call(message)["stored"]
         return stored
+
+    def _copy_in(self, tensors: Sequence[torch.Tensor], slots: Sequence[int]) -> list[int]:
+        """Copy blocks into their slots and checksum what landed there. On the host each block
+        is hashed right after its copy, while its bytes are still in cache."""
+        if any(t.is_cuda for t in tensors):
+            self._copy([(self._typed(self._raw(s)), t) for t, s in zip(tensors, slots, strict=True)])
+            return list(self._pool.map(self._slot_checksum, slots))
+
+        def copy_and_hash(item: tuple[torch.Tensor, int]) -> int:
+            self._typed(self._raw(item[1])).copy_(item[0])
+            return self._slot_checksum(item[1])
+
+        return list(self._pool.map(copy_and_hash, zip(tensors, slots, strict=True)))
+
+    def _slot_checksum(self, slot: int) -> int:
+        assert self._arena is not None
+        return checksum(self._arena.view(slot, self.block_bytes))
 
     def _copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """``dst.copy_(src)`` for each pair, all finished on return (the slots are handed over

@@ -63,9 +63,12 @@ def _put(service: KVTierService, owner: Owner, request: Message) -> dict[str, An
     keys = protocol.keys_from(request)
     parents = protocol.keys_from(request, "parents")
     slots = _ints(request, "slots")
-    if not len(keys) == len(parents) == len(slots):
-        raise ValueError("keys, parents, slots: must have the same length")
-    blocks = [PutBlock(k, p, s) for k, p, s in zip(keys, parents, slots, strict=True)]
+    sums: list[int | None] = (
+        list(_ints(request, "checksums")) if "checksums" in request else [None] * len(keys)
+    )
+    if not len(keys) == len(parents) == len(slots) == len(sums):
+        raise ValueError("keys, parents, slots, checksums: must have the same length")
+    blocks = [PutBlock(*fields) for fields in zip(keys, parents, slots, sums, strict=True)]
     return {"stored": service.put(owner, blocks)}
 
 

@@ -33,6 +33,7 @@ class PutBlock:
     key: bytes
     parent: bytes
     slot: int
+    checksum: int | None = None  # taken by the client from the slot; None: the sidecar takes it
 
 
 @dataclass
@@ -211,7 +212,8 @@ class KVTierService:
 
     def put(self, owner: Owner, blocks: Sequence[PutBlock]) -> int:
         """Commit blocks the engine copied into its reserved slots; returns how many were kept.
-        The checksum is taken here, from the bytes actually in shared memory."""
+        Checksums are of the bytes in the slots: the client's (hashed right after its copy,
+        while in cache) or, where it sent none, taken here."""
         started = time.perf_counter()
         with self._lock:
             mover = self._require()
@@ -219,14 +221,14 @@ class KVTierService:
             now = time.time()
             stored: list[tuple[bytes, Entry]] = []
             staged: list[tuple[bytes, Entry]] = []
-            mine = [b.slot for b in blocks if b.slot in owner.reserved]
+            mine = [b.slot for b in blocks if b.slot in owner.reserved and b.checksum is None]
             sums = dict(zip(mine, self._cpu.map(lambda s: checksum(dram.block(s)), mine), strict=True))
             for block in blocks:
                 if block.slot not in owner.reserved:
                     raise ValueError(f"blocks: slot {block.slot} is not reserved by this connection")
                 owner.reserved.discard(block.slot)
                 entry = Entry(block.parent, self.config.priority, block.key in self._pinned, now, block.slot)
-                entry.checksum = sums[block.slot]
+                entry.checksum = sums[block.slot] if block.checksum is None else block.checksum
                 if dram.is_staging(block.slot) or block.key in dram.index:
                     staged.append((block.key, entry))
                     continue
