@@ -58,6 +58,9 @@ def measure(cluster: Cluster, operator: OperatorProcess) -> dict[str, Any]:
     ready = watcher.wait(set(applied), TIMEOUT_S)
     elapsed = time.monotonic() - started
     reconciles = operator.metric("strata_operator_reconciles_total") - reconciles_before
+    refreshes = operator.metric("strata_operator_status_refreshes_total")
+    duration_sum = operator.metric("strata_operator_reconcile_duration_seconds_sum")
+    duration_count = operator.metric("strata_operator_reconcile_duration_seconds_count")
     latencies = sorted(ready[key] - applied[key] for key in applied)
     result: dict[str, Any] = {
         "services": SERVICES,
@@ -70,6 +73,8 @@ def measure(cluster: Cluster, operator: OperatorProcess) -> dict[str, Any]:
         "reconciles": int(reconciles),
         "reconciles_per_s": round(reconciles / elapsed, 1),
         "reconciles_per_service": round(reconciles / SERVICES, 1),
+        "status_refreshes": int(refreshes),
+        "reconcile_mean_s": round(duration_sum / max(duration_count, 1), 3),
         "operator_peak_rss_mb": peak_rss_mb(operator),
     }
     result["summary"] = (

@@ -63,7 +63,7 @@ class Applier:
         obj, created = await self.kube.apply_created(manifest)
         kind, meta = manifest["kind"], obj.get("metadata", {})
         key = (kind, meta.get("namespace", ""), meta.get("name", ""))
-        marker = str(meta.get("generation") or meta.get("resourceVersion", ""))
+        marker = _marker(meta)
         before = self.seen.get(key)
         self.seen[key] = marker
         if created:
@@ -146,10 +146,22 @@ class Applier:
                 owner, "Normal", "Replaced", f"deleted {other} {plan.name}: now a {plan.workload_kind}"
             )
 
+    def is_own_write(self, kind: str, meta: Mapping[str, Any]) -> bool:
+        """The child is exactly as this process's last apply left it (spec-wise): its watch
+        event is the echo of our own write, with nothing to repair."""
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        return self.seen.get(key) == _marker(meta)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process remembers of a deleted service."""
         self.seen = {k: v for k, v in self.seen.items() if not (k[1] == namespace and k[2].startswith(name))}
         self.retired = {k for k in self.retired if k[:2] != (namespace, name)}
+
+
+def _marker(meta: Mapping[str, Any]) -> str:
+    # generation moves only with the spec (status updates leave it); kinds without one
+    # (ConfigMap, Service) have no status to move their resourceVersion.
+    return str(meta.get("generation") or meta.get("resourceVersion", ""))
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:

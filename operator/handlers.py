@@ -29,6 +29,14 @@ CHILD_RESOURCES = (
     ("", "v1", "persistentvolumeclaims"),
     ("policy", "v1", "poddisruptionbudgets"),
 )
+CHILD_KINDS = {
+    "deployments": "Deployment",
+    "statefulsets": "StatefulSet",
+    "services": "Service",
+    "configmaps": "ConfigMap",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
+    "poddisruptionbudgets": "PodDisruptionBudget",
+}
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 
 
@@ -120,24 +128,20 @@ async def child_event(
 ) -> None:
     """Any change to a child (deleted, edited by hand, or its status moved) re-runs its
     service's reconcile, which repairs the child and refreshes the service's status."""
-    if type is None:
-        return  # start-up listing: the service's own initial event covers it
-    if (
-        type == "MODIFIED"
-        and kwargs["resource"].plural == "poddisruptionbudgets"
-        and _status_only(kwargs["body"])
-    ):
-        return  # e.g. a PDB's disruption count: nothing the service's status reports
     service = labels.get(names.LABEL_SERVICE)
-    if not service or not namespace:
-        return
+    if type is None or not service or not namespace:
+        return  # start-up listing: the service's own initial event covers it
     runtime: Runtime = memo["strata"]
-    workload = kwargs["resource"].plural in ("deployments", "statefulsets")
-    if type == "MODIFIED" and workload and _status_only(kwargs["body"]):
+    body: kopf.Body = kwargs["body"]
+    plural = kwargs["resource"].plural
+    key = (namespace, service)
+    if type == "MODIFIED" and plural in ("deployments", "statefulsets") and _status_only(body):
         # The controller moved the rollout along; a spec edit (drift) bumps the generation first.
-        await runtime.refresh_status((namespace, service), kwargs["tier_bodies"])
+        await runtime.refresh_status(key, kwargs["tier_bodies"])
+    elif type != "DELETED" and runtime.reconciler.applier.is_own_write(CHILD_KINDS[plural], body.metadata):
+        return  # the echo of our own apply, or a status move nothing reports (a PDB's count)
     else:
-        await runtime.reconcile((namespace, service), kwargs["tier_bodies"])
+        await runtime.reconcile(key, kwargs["tier_bodies"])
 
 
 def _status_only(body: kopf.Body) -> bool:

@@ -16,6 +16,11 @@ class OperatorMetrics:
         self.reconciles = Counter(
             "strata_operator_reconciles", "InferenceService reconciles, by result.", ["result"], registry=r
         )
+        self.refreshes = Counter(
+            "strata_operator_status_refreshes",
+            "Status-only refreshes after a workload's rollout moved (no child applied).",
+            registry=r,
+        )
         self.errors = Counter(
             "strata_operator_reconcile_errors", "Reconciles that failed on an API call.", registry=r
         )

@@ -74,6 +74,7 @@ class Reconciler:
             workload=await self._observe_workload(namespace, name),
         )
         await self._write_status(isvc, seen)
+        self.applier.metrics.refreshes.inc()
         return True
 
     async def _reconcile(self, isvc: Obj, tiers: TierLookup) -> str:
