@@ -91,3 +91,19 @@ def test_blocks_are_released_after_requests_finish(make_engine: EngineFactory) -
     assert engine.blocks.usage == 0.0
     assert engine.blocks.num_cached_blocks > 0  # kept for later prefix hits
     assert not engine.has_unfinished()
+
+
+def test_shared_prefixes_under_memory_pressure_still_decode_exactly(make_engine: EngineFactory) -> None:
+    # Requests share prefixes (blocks with several references), the pool is tight (preemption,
+    # eviction of cached blocks) and the budget small (chunked prefill mixed with decode).
+    engine = make_engine(num_gpu_blocks=24, max_batched_tokens=24, max_num_seqs=4)
+    system = prompt_of(24, seed=50)
+    prompts = [system + prompt_of(n, seed=60 + n) for n in (3, 9, 14, 20)] + [prompt_of(30, seed=70), system]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    seqs = [engine.add_request(p, params, priority=i % 3) for i, p in enumerate(prompts)]
+    while engine.has_unfinished():
+        engine.step()
+    assert sum(s.hit_tokens.get("hbm", 0) for s in seqs) > 0 and engine.stats.preemptions > 0
+    for seq, prompt in zip(seqs, prompts, strict=True):
+        assert seq.output_ids == reference_decode(engine, prompt, 10)[0]
+    assert engine.blocks.usage == 0.0
