@@ -59,7 +59,7 @@ class TierClient:
         self._retry_at = 0.0
         self._max_batch = 1
         self._down = False
-        # Checksums and copies of a batch in parallel: zlib and torch release the GIL.
+        # Copies and checksums of a batch in parallel: torch and xxhash release the GIL.
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvtier-client")
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self.corrupt_blocks = 0
