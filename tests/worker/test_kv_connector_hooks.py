@@ -159,3 +159,25 @@ def test_server_start_up_connects_the_sidecar_when_enabled(tiny_dir, monkeypatch
     engine = build_engine(enabled)
     assert calls == [((2, 2, 4, 2, 16), torch.float32)]
     assert isinstance(engine.tiers.connector, DictConnector)
+
+
+class TornConnector(DictConnector):
+    """Finds every block but delivers only the first two intact (a corrupt third block)."""
+
+    def load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
+        super().load(hashes, out)
+        for dst in out[2:]:
+            dst.fill_(float("nan"))  # garbage the engine must not use
+        return min(2, len(hashes))
+
+
+def test_a_partial_load_uses_only_the_intact_blocks(make_engine: EngineFactory) -> None:
+    tier = TornConnector()
+    prompt = prompt_of(30, seed=11)
+    engine = make_engine(connector=tier)
+    engine.generate(prompt, GREEDY)
+    engine.evict_cached_blocks()
+    seq = engine.generate(prompt, GREEDY)
+    assert seq.hit_tokens == {"hbm": 0, "dram": 8}
+    assert seq.output_ids == reference_decode(engine, prompt, 5)[0]
+    assert all(torch.isfinite(t).all() for t in seq.logits)
