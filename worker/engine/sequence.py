@@ -6,6 +6,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from strata.worker.kv_connector import Tier, block_hash
 
@@ -50,7 +51,7 @@ class Sequence:
     num_preemptions: int = 0
     admitted: bool = False  # counted in prompt/prefix-hit statistics once
     hit_tokens: dict[Tier, int] = field(default_factory=dict)
-    logits: list[object] = field(default_factory=list)
+    logits: list[Any] = field(default_factory=list)  # torch tensors; this module stays torch-free
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
