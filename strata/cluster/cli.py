@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -102,29 +103,65 @@ def usage_text(directory: Path, state: dict[str, Any]) -> str:
     )
 
 
-def cmd_up(directory: Path, gpu_nodes: int) -> int:
-    state = _read_state(directory)
-    if _supervisor_pid(state) is not None and state is not None:
-        print(f"strata cluster: already running\n{usage_text(directory, state)}")
-        return 0
-    binaries.find_bin_dir()  # fail here, with the clear message, rather than in the supervisor's log
-    _clear_directory(directory)
-    log_path = components.Layout(directory).logs / "supervisor.log"
-    log_path.parent.mkdir(parents=True)
+def lock_path(directory: Path) -> Path:
+    """The lock a supervisor holds for its whole life; beside the directory, which ``up`` clears."""
+    return directory.with_name(f"{directory.name}.lock")
+
+
+def _take_lock(directory: Path) -> int | None:
+    """An fd holding the directory's lock, or None when a supervisor holds it (running or starting)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path(directory), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _spawn_supervisor(
+    directory: Path, gpu_nodes: int, lock_fd: int, log_path: Path
+) -> subprocess.Popen[bytes]:
+    # The supervisor inherits the locked fd, so the lock lives exactly as long as the supervisor.
+    argv = [
+        sys.executable,
+        "-m",
+        "strata.cluster.supervisor",
+        f"--dir={directory}",
+        f"--gpu-nodes={gpu_nodes}",
+    ]
     with log_path.open("ab") as log_file:
-        supervisor = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "strata.cluster.supervisor",
-                f"--dir={directory}",
-                f"--gpu-nodes={gpu_nodes}",
-            ],
+        return subprocess.Popen(
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=(lock_fd,),
         )
+
+
+def cmd_up(directory: Path, gpu_nodes: int) -> int:
+    binaries.find_bin_dir()  # fail here, with the clear message, rather than in the supervisor's log
+    lock_fd = _take_lock(directory)
+    if lock_fd is None:
+        state = _read_state(directory)
+        if state is not None and _supervisor_pid(state) is not None:
+            print(f"strata cluster: already running\n{usage_text(directory, state)}")
+            return 0
+        print(
+            f"strata cluster: another `strata cluster up` is starting a cluster in {directory}",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        _clear_directory(directory)
+        log_path = components.Layout(directory).logs / "supervisor.log"
+        log_path.parent.mkdir(parents=True)
+        supervisor = _spawn_supervisor(directory, gpu_nodes, lock_fd, log_path)
+    finally:
+        os.close(lock_fd)
     if not _wait_for_supervisor(directory, supervisor, log_path):
         return 1
     print(usage_text(directory, _read_state(directory) or {}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from strata.cluster import cli
 from strata.cluster.cli import pid_alive
 
 pytestmark = pytest.mark.cluster
@@ -66,7 +68,24 @@ def test_up_status_env_down_leaves_no_process_behind(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert not [pid for pid in pids if pid_alive(pid)]
     assert not (directory / "state.json").exists()
+    lock_fd = cli._take_lock(directory)  # the supervisor is gone, and so is its lock
+    assert lock_fd is not None
+    os.close(lock_fd)
     assert strata_cluster("status", f"--dir={directory}").returncode == 1
+
+
+def test_a_second_up_while_the_first_is_starting_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "cluster"
+    lock_fd = cli._take_lock(directory)  # as a starting supervisor holds it
+    assert lock_fd is not None
+    try:
+        second = strata_cluster("up", f"--dir={directory}")
+        assert second.returncode == 1
+        assert "another `strata cluster up` is starting" in second.stderr
+        assert not directory.exists()
+    finally:
+        os.close(lock_fd)
+    assert cli.lock_path(directory).exists()
 
 
 def test_down_without_a_cluster_is_a_no_op(tmp_path: Path) -> None:
