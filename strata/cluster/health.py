@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
 import ssl
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -24,5 +24,5 @@ def is_healthy(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S, context=context) as response:
             return int(response.status) == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
+    except (OSError, http.client.HTTPException):  # URLError, resets, timeouts and TLS errors are OSErrors
         return False
