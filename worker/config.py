@@ -69,7 +69,9 @@ class DramTierConfig(_Strict):
 
 
 class NvmeTierConfig(_Strict):
-    capacity_bytes: int = Field(0, ge=0, description="Bytes on the local NVMe volume for cold KV; 0 disables.")
+    capacity_bytes: int = Field(
+        0, ge=0, description="Bytes on the local NVMe volume for cold KV; 0 disables."
+    )
     path: str = Field("/var/cache/strata/nvme", description="Directory on the local NVMe volume.")
     eviction: EvictionPolicy = "prefix-aware"
     admit_after_hits: int = Field(
