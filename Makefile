@@ -17,10 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
-# Skipped when bin/ is current, or when KUBEBUILDER_ASSETS points at binaries you already have.
+# Skipped when bin/ is current, or when KUBEBUILDER_ASSETS or STRATA_BIN_DIR already holds all of them.
 cluster-bins:
-	@if [ -n "$$KUBEBUILDER_ASSETS" ]; then echo "cluster-bins: using KUBEBUILDER_ASSETS=$$KUBEBUILDER_ASSETS"; \
-	else tools/clusterbins/build.sh $(abspath $(BIN)); fi
+	tools/clusterbins/build.sh $(abspath $(BIN))
 
 lint: venv
 	$(VENV)/bin/ruff check strata operator worker tests bench
