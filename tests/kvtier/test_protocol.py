@@ -78,3 +78,14 @@ def test_cli_rejects_a_bad_config(root, capsys):
     assert cli.main(["serve", "--config", str(path)]) == 2
     assert "capacity_bytes" in capsys.readouterr().err
     assert cli.main(["serve", "--config", str(root / "missing.yaml")]) == 2
+
+
+def test_cli_reports_start_up_failures(root, capsys):
+    blocker = root / "file"
+    blocker.write_text("")
+    config = kvtier_config(root, dram={"shm_path": str(blocker / "shm")})
+    path = root / "worker.yaml"
+    path.write_text(f"model: {{name: m, path: /m}}\nkvtier: {config.model_dump_json()}\n")
+    assert cli.main(["serve", "--config", str(path), "--block-bytes", "0"]) == 2
+    assert cli.main(["serve", "--config", str(path), "--block-bytes", "4096", "--metrics-port", "0"]) == 1
+    assert "cannot start" in capsys.readouterr().err

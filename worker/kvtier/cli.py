@@ -40,8 +40,15 @@ def main(argv: list[str]) -> int:
         return 2
     from strata.worker.kvtier.server import Sidecar  # after the config is known good
 
-    sidecar = Sidecar(config.kvtier, block_bytes=args.block_bytes, metrics_port=args.metrics_port)
-    sidecar.start()
+    if args.block_bytes is not None and args.block_bytes <= 0:
+        print(f"strata kvtier: --block-bytes must be > 0, got {args.block_bytes}", file=sys.stderr)
+        return 2
+    try:
+        sidecar = Sidecar(config.kvtier, block_bytes=args.block_bytes, metrics_port=args.metrics_port)
+        sidecar.start()
+    except (OSError, ValueError) as err:  # an unwritable path, a port in use: say so, no traceback
+        print(f"strata kvtier: cannot start: {err}", file=sys.stderr)
+        return 1
 
     def stop(signum: int, frame: FrameType | None) -> None:
         sidecar.request_stop()
