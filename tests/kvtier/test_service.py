@@ -222,3 +222,26 @@ def test_metrics_and_health_endpoints(root):
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
     finally:
         sidecar.stop()
+
+
+@pytest.mark.parametrize("eviction", ["lru", "prefix-aware"])
+def test_promotion_when_dram_and_nvme_are_both_full(root, eviction):
+    # Promoting NVMe blocks needs DRAM room; the DRAM victims' demotion needs NVMe room, which
+    # must not be taken from the very blocks being promoted.
+    service = make(
+        root,
+        dram={"capacity_bytes": 2 * BLOCK, "eviction": eviction},
+        nvme={"capacity_bytes": 4 * BLOCK, "eviction": eviction},
+    )
+    put(service, list(range(6)))
+    assert service.nvme is not None and len(service.nvme.index) == 4
+    for batch in (1, 2, 4, 1, 3):
+        for start in range(6):
+            owner = Owner()
+            found = service.get(owner, [key(n) for n in range(start, 6)][:batch])
+            assert service.dram is not None
+            for n, (slot, _) in zip(range(start, 6), found, strict=False):
+                assert bytes(service.dram.block(slot)) == payload(n)
+            service.release(owner, [slot for slot, _ in found])
+        assert len(service.nvme.index) <= 4 and len(service.dram.index) <= 2
+    service.close()

@@ -53,11 +53,16 @@ class Mover:
         run = list(itertools.takewhile(lambda k: nvme is not None and k in nvme.index, keys))
         if not run and (self.shared is None or not keys):
             return []
+        now = time.time()
+        for key in run:  # most recent: the demotions that make room below should not take them
+            nvme.index.touch(key, now)  # type: ignore[union-attr]
         slots = self._promotion_slots(max(1, len(run)), staging_ok)
         if not slots:
             return []
         if run:
-            entries = self._read_nvme(run[: len(slots)], slots)
+            # Making room may still have pushed some out of a full NVMe tier: read what is left.
+            run = list(itertools.takewhile(lambda k: nvme is not None and k in nvme.index, run))
+            entries = self._read_nvme(run[: len(slots)], slots[: len(run)]) if run else []
         else:
             entry = self._read_shared(keys[0], slots[0])
             entries = [entry] if entry else []
