@@ -41,23 +41,13 @@ def install_chart(cluster: Cluster) -> Path:
     """`helm upgrade --install` of charts/strata with no operator pods (fake nodes run no
     containers: the operator runs on this machine instead), as its own ServiceAccount."""
     helm = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig)]
-    subprocess.run(
-        [
-            *helm,
-            "upgrade",
-            "--install",
-            RELEASE,
-            str(ROOT / "charts" / "strata"),
-            "-n",
-            SYSTEM_NAMESPACE,
-            "--create-namespace",
-            "--set",
-            "operator.replicas=0",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
+    chart = str(ROOT / "charts" / "strata")
+    args = ["upgrade", "--install", RELEASE, chart, "-n", SYSTEM_NAMESPACE, "--create-namespace"]
+    done = subprocess.run(
+        [*helm, *args, "--set", "operator.replicas=0"], capture_output=True, text=True, check=False
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed: {done.stderr.strip()}")
     return cluster.service_account_kubeconfig(SYSTEM_NAMESPACE, RELEASE)
 
 
