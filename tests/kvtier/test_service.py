@@ -234,14 +234,14 @@ def test_promotion_when_dram_and_nvme_are_both_full(root, eviction):
         nvme={"capacity_bytes": 4 * BLOCK, "eviction": eviction},
     )
     put(service, list(range(6)))
-    assert service.nvme is not None and len(service.nvme.index) == 4
+    dram, nvme = service.dram, service.nvme
+    assert dram is not None and nvme is not None and len(nvme.index) == 4
     for batch in (1, 2, 4, 1, 3):
         for start in range(6):
             owner = Owner()
             found = service.get(owner, [key(n) for n in range(start, 6)][:batch])
-            assert service.dram is not None
             for n, (slot, _) in zip(range(start, 6), found, strict=False):
-                assert bytes(service.dram.block(slot)) == payload(n)
+                assert bytes(dram.block(slot)) == payload(n)
             service.release(owner, [slot for slot, _ in found])
-        assert len(service.nvme.index) <= 4 and len(service.dram.index) <= 2
+        assert len(nvme.index) <= 4 and len(dram.index) <= 2
     service.close()
