@@ -51,7 +51,9 @@ def tier(cluster: Cluster) -> Iterator[str]:
         cluster.kubectl("delete", "servicetier", name, "--ignore-not-found", "--wait=false", check=False)
 
 
-def tier_manifest(name: str, priority: int, dram_max: str, write_mode: str) -> dict[str, Any]:
+def tier_manifest(
+    name: str, priority: int, dram_max: str, write_mode: str, survives_restart: bool = False
+) -> dict[str, Any]:
     return {
         "apiVersion": "strata.dev/v1alpha1",
         "kind": "ServiceTier",
@@ -60,7 +62,7 @@ def tier_manifest(name: str, priority: int, dram_max: str, write_mode: str) -> d
             "priority": priority,
             "cache": {
                 "dram": {"defaultSize": "1Gi", "maxSize": dram_max},
-                "nvme": {"defaultSize": "10Gi", "maxSize": "100Gi"},
+                "nvme": {"defaultSize": "10Gi", "maxSize": "100Gi", "survivesRestart": survives_restart},
                 "writeMode": write_mode,
             },
             "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
@@ -172,6 +174,29 @@ def test_tier_change_rerenders_every_service_of_the_tier(cluster: Cluster, names
     # A PriorityClass's value is immutable: the operator re-created it with the new priority.
     assert get(cluster, "priorityclass", f"strata-{tier}")["value"] == 7000
     assert {p["spec"]["priority"] for p in pods} == {7000}
+
+
+def test_nvme_that_survives_restarts_switches_to_a_statefulset(
+    cluster: Cluster, namespace: str, operator, tier
+):
+    create(cluster, namespace, "keepcache", tier)
+    assert get(cluster, "deployment", "keepcache", namespace) is not None
+    cluster.apply(
+        tier_manifest(tier, priority=50000, dram_max="4Gi", write_mode="write-back", survives_restart=True)
+    )
+
+    def switched() -> bool:
+        return (
+            get(cluster, "deployment", "keepcache", namespace) is None
+            and get(cluster, "statefulset", "keepcache", namespace) is not None
+            and [p["metadata"]["name"] for p in running_pods(cluster, namespace, "keepcache")]
+            == ["keepcache-0"]
+        )
+
+    wait_for(switched, 90, "Deployment replaced by a StatefulSet")
+    assert "persistent: true" in worker_yaml(cluster, namespace, "keepcache")
+    assert "Replaced" in {e["reason"] for e in events(cluster, namespace, "keepcache")}
+    wait_ready(cluster, namespace, "keepcache")
 
 
 def test_deleted_and_hand_edited_children_are_repaired(cluster: Cluster, namespace: str, operator):
