@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ class Owner:
     reserved: set[int] = field(default_factory=set)
 
 
+PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
+
+
 class KVTierService:
     def __init__(
         self, config: KVTierConfig, metrics: TierMetrics | None = None, staging_slots: int = 64
@@ -60,6 +64,9 @@ class KVTierService:
         self._lock = threading.RLock()
         self._mover: Mover | None = None
         self._pinned: set[bytes] = set()  # shared with the mover; pins may precede a block
+        # Blocks a prefetch promoted to DRAM, by the tier they came from: a lookup reports that
+        # tier, so per-tier hit metrics credit NVMe/shared even when the prefetch won the race.
+        self._prefetched_from: OrderedDict[bytes, str] = OrderedDict()
         self._background = ThreadPoolExecutor(1, thread_name_prefix="kvtier-prefetch")
         # Checksums of a batch in parallel (the hash releases the GIL on large buffers).
         self._cpu = ThreadPoolExecutor(config.nvme.io_threads, thread_name_prefix="kvtier-checksum")
@@ -133,8 +140,9 @@ class KVTierService:
     def _where(self, key: bytes) -> str | None:
         m = self.metrics
         if self.dram is not None and key in self.dram.index:
-            m.hits.labels("dram").inc()
-            return "dram"
+            tier = self._prefetched_from.pop(key, "dram")
+            m.hits.labels(tier).inc()
+            return tier
         m.misses.labels("dram").inc()
         if self.nvme is not None and key in self.nvme.index:
             m.hits.labels("nvme").inc()
@@ -290,11 +298,19 @@ class KVTierService:
                 mover = self._require()
                 parent: bytes | None = None
                 for key in keys:
-                    if key not in mover.dram.index and not mover.promote_run([key], parent, staging_ok=False):
-                        break
+                    if key not in mover.dram.index:
+                        origin = "nvme" if self.nvme is not None and key in self.nvme.index else "shared"
+                        if not mover.promote_run([key], parent, staging_ok=False):
+                            break
+                        self._remember_prefetch(key, origin)
                     parent = key
         except Exception:  # a hint must never take the sidecar down
             log.exception("kvtier: prefetch failed")
+
+    def _remember_prefetch(self, key: bytes, origin: str) -> None:
+        self._prefetched_from[key] = origin
+        while len(self._prefetched_from) > PREFETCH_MEMORY:
+            self._prefetched_from.popitem(last=False)  # prefetched but never asked for
 
     def pin(self, keys: Sequence[bytes]) -> None:
         """Keep these blocks resident in DRAM from now on (also ones that arrive later)."""
