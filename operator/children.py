@@ -15,6 +15,7 @@ from strata.operator.events import EventSink
 from strata.operator.kube import KubeClient, KubeError, Obj
 from strata.operator.metrics import OperatorMetrics
 from strata.operator.plan import OwnerRef, ServicePlan
+from strata.operator.render.common import content_hash
 from strata.operator.render.configmap import render_configmap
 from strata.operator.render.pdb import render_pdb
 from strata.operator.render.priorityclass import render_priorityclass
@@ -35,6 +36,9 @@ class Applier:
     # (kind, namespace, name) -> generation (or resourceVersion) our last apply left behind:
     # a different value on the next apply means that apply changed the object.
     seen: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # Content hash of the manifest last applied, and the marker the watch last showed, per child.
+    digests: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    observed: dict[tuple[str, str, str], str] = field(default_factory=dict)
     # Tier name -> (uid, priority) of the PriorityClass applied by this process; a PriorityClass
     # edited or deleted by someone else is re-applied from its watch, which refreshes this.
     priority_classes: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -56,8 +60,38 @@ class Applier:
         claim = render_shared_claim(plan)
         if claim is not None:
             side.append(claim)
-        await asyncio.gather(*(self.apply(m, owner) for m in side))
-        return await self.apply(render_workload(plan, self.settings), owner)
+        await asyncio.gather(*(self.apply_if_changed(m, owner) for m in side))
+        workload = render_workload(plan, self.settings)
+        applied = await self.apply_if_changed(workload, owner)
+        if applied is not None:
+            return applied
+        current = await self.kube.get(workload["apiVersion"], workload["kind"], plan.name, plan.namespace)
+        return current if current is not None else await self.apply(workload, owner)
+
+    async def apply_if_changed(
+        self, manifest: Mapping[str, Any], event_target: Mapping[str, Any]
+    ) -> Obj | None:
+        """Skip the write (None) when this process already applied exactly this manifest and no
+        watch event has shown the object changed since: a no-op apply still costs the API server
+        a full server-side-apply merge. Anything else is applied."""
+        key = _key(manifest)
+        digest = content_hash(manifest)
+        unchanged = key in self.seen and self.observed.get(key, self.seen[key]) == self.seen[key]
+        if unchanged and self.digests.get(key) == digest:
+            self.metrics.applied.labels(kind=key[0], outcome="skipped").inc()
+            return None
+        obj = await self.apply(manifest, event_target)
+        self.digests[key] = digest
+        return obj
+
+    def knows(self, kind: str, meta: Mapping[str, Any]) -> bool:
+        return (kind, meta.get("namespace", ""), meta.get("name", "")) in self.seen
+
+    def observe(self, kind: str, meta: Mapping[str, Any], deleted: bool) -> None:
+        """Record what a watch event showed of a child, for :meth:`apply_if_changed`."""
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        if key in self.seen:
+            self.observed[key] = "deleted" if deleted else _marker(meta)
 
     async def apply(self, manifest: Mapping[str, Any], event_target: Mapping[str, Any]) -> Obj:
         obj, created = await self.kube.apply_created(manifest)
@@ -65,7 +99,7 @@ class Applier:
         key = (kind, meta.get("namespace", ""), meta.get("name", ""))
         marker = _marker(meta)
         before = self.seen.get(key)
-        self.seen[key] = marker
+        self.seen[key] = self.observed[key] = marker
         if created:
             outcome = "created"
             self.events(event_target, "Normal", "Created", f"created {kind} {key[2]}")
@@ -154,8 +188,19 @@ class Applier:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process remembers of a deleted service."""
-        self.seen = {k: v for k, v in self.seen.items() if not (k[1] == namespace and k[2].startswith(name))}
+
+        def keep(key: tuple[str, str, str]) -> bool:
+            return not (key[1] == namespace and key[2].startswith(name))
+
+        self.seen = {k: v for k, v in self.seen.items() if keep(k)}
+        self.digests = {k: v for k, v in self.digests.items() if keep(k)}
+        self.observed = {k: v for k, v in self.observed.items() if keep(k)}
         self.retired = {k for k in self.retired if k[:2] != (namespace, name)}
+
+
+def _key(manifest: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = manifest["metadata"]
+    return (manifest["kind"], meta.get("namespace", ""), meta["name"])
 
 
 def _marker(meta: Mapping[str, Any]) -> str:

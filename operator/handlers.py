@@ -129,16 +129,21 @@ async def child_event(
     """Any change to a child (deleted, edited by hand, or its status moved) re-runs its
     service's reconcile, which repairs the child and refreshes the service's status."""
     service = labels.get(names.LABEL_SERVICE)
-    if type is None or not service or not namespace:
-        return  # start-up listing: the service's own initial event covers it
+    if not service or not namespace:
+        return
     runtime: Runtime = memo["strata"]
     body: kopf.Body = kwargs["body"]
     plural = kwargs["resource"].plural
+    applier = runtime.reconciler.applier
+    own = applier.is_own_write(CHILD_KINDS[plural], body.metadata)
+    applier.observe(CHILD_KINDS[plural], body.metadata, deleted=type == "DELETED")
     key = (namespace, service)
+    if type is None and (own or not applier.knows(CHILD_KINDS[plural], body.metadata)):
+        return  # a listing: at start-up the service's own event covers it; later, nothing moved
     if type == "MODIFIED" and plural in ("deployments", "statefulsets") and _status_only(body):
         # The controller moved the rollout along; a spec edit (drift) bumps the generation first.
         await runtime.refresh_status(key, kwargs["tier_bodies"])
-    elif type != "DELETED" and runtime.reconciler.applier.is_own_write(CHILD_KINDS[plural], body.metadata):
+    elif type != "DELETED" and own:
         return  # the echo of our own apply, or a status move nothing reports (a PDB's count)
     else:
         await runtime.reconcile(key, kwargs["tier_bodies"])

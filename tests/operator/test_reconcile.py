@@ -17,6 +17,7 @@ from strata.operator.settings import OperatorSettings
 from .factories import NS_UID, isvc_body, tier_body
 
 Key = tuple[str, str, str]
+GENERATION_KINDS = {"Deployment", "StatefulSet", "PodDisruptionBudget", "InferenceService"}
 
 
 class FakeKube:
@@ -61,16 +62,16 @@ class FakeKube:
             body, sort_keys=True
         ):
             return copy.deepcopy(current), False
-        generation = (current or {}).get("metadata", {}).get("generation", 0) + 1
         obj = {
             **body,
             "metadata": {
                 **copy.deepcopy(meta),
                 "uid": f"uid-{key}",
-                "generation": generation,
                 "resourceVersion": str(len(self.writes)),
             },
         }
+        if manifest["kind"] in GENERATION_KINDS:  # like the API server: ConfigMaps have none
+            obj["metadata"]["generation"] = (current or {}).get("metadata", {}).get("generation", 0) + 1
         if current is not None and "status" in current:
             obj["status"] = current["status"]
         self.objects[key] = obj
@@ -190,3 +191,33 @@ async def test_status_refresh_of_a_rejected_service_reconciles_fully():
     assert await reconciler.refresh_status("team-a", "chat", tiers("standard"))
     assert conditions(kube)["Accepted"]["status"] == "True"
     assert ("Deployment", "team-a", "chat") in kube.objects
+
+
+async def test_unchanged_children_are_not_reapplied_until_a_watch_shows_a_change():
+    kube, events, reconciler = setup()
+    applier = reconciler.applier
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    calls: list[str] = []
+    original = kube.apply_created
+
+    async def counting(manifest, *, subresource=""):
+        calls.append(manifest["kind"])
+        return await original(manifest, subresource=subresource)
+
+    kube.apply_created = counting
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert calls == []
+    # Someone edits the ConfigMap: the watch shows a resourceVersion we did not write.
+    cm = kube.objects[("ConfigMap", "team-a", "chat-config")]
+    cm["data"] = {"worker.yaml": "hacked"}
+    cm["metadata"]["resourceVersion"] = "999"
+    applier.observe("ConfigMap", cm["metadata"], deleted=False)
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert calls == ["ConfigMap"]
+    assert kube.objects[("ConfigMap", "team-a", "chat-config")]["data"]["worker.yaml"] != "hacked"
+    assert "Updated" in events.reasons()
+    # Deleted: re-created.
+    del kube.objects[("Service", "team-a", "chat-metrics")]
+    applier.observe("Service", {"namespace": "team-a", "name": "chat-metrics"}, deleted=True)
+    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert ("Service", "team-a", "chat-metrics") in kube.objects
