@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
+
 from strata.operator import names
 from strata.operator.api import ACCEPTED, DEGRADED, READY
 from strata.operator.children import Applier
@@ -21,6 +23,8 @@ from strata.operator.resolve import SERVER_PORT, ResolveInput, SpecRejected, res
 from strata.operator.status import Observed, compute_status, stamp_condition, status_changed
 
 log = logging.getLogger(__name__)
+# A failed call: the API server refused, or the connection broke or timed out.
+API_ERRORS = (KubeError, aiohttp.ClientError, TimeoutError)
 
 TierLookup = Callable[[str], Mapping[str, Any] | None]
 
@@ -93,8 +97,8 @@ class Reconciler:
             workload = await self.applier.apply_service(plan, isvc, tier)
         except SpecRejected as exc:
             rejected = (exc.reason, exc.message)
-        except KubeError as exc:
-            error = str(exc)
+        except API_ERRORS as exc:
+            error = str(exc) or type(exc).__name__
             log.warning("reconcile of %s/%s failed: %s", meta["namespace"], meta["name"], error)
         if workload is None:
             workload = await self._observe_workload(meta["namespace"], meta["name"])
@@ -115,7 +119,7 @@ class Reconciler:
     async def _observe_workload(self, namespace: str, name: str) -> Obj | None:
         try:
             return await self.applier.current_workload(namespace, name)
-        except KubeError:
+        except API_ERRORS:
             return None
 
     async def _write_status(self, isvc: Obj, seen: Observed) -> None:
