@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from strata.cluster import Cluster, ClusterConfig, launch
 from strata.cluster.binaries import find_bin_dir
-from strata.cluster.cluster import Cluster, ClusterConfig, launch
 from tests.operator.e2e import OperatorProcess, inference_service, install_operator_rbac
 
 SERVICES = 300

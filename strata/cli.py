@@ -8,7 +8,7 @@ import sys
 
 # subcommand -> (module with `main(argv: list[str]) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "cluster": ("strata.cluster.cli", "start/stop a local test control plane (etcd, apiserver, KWOK GPU nodes)"),
+    "cluster": ("strata.cluster.cli", "start/stop a local control plane with fake GPU nodes"),
     "crds": ("strata.operator.api.cli", "generate the CRDs and admission policy from the API models"),
     "operator": ("strata.operator.cli", "run the InferenceService operator"),
     "worker": ("strata.worker.cli", "run the inference worker, or make a test model"),

@@ -37,6 +37,7 @@ def install_operator_rbac(cluster: Cluster) -> Path:
         [
             str(cluster.bin_dir / "helm"),
             "template",
+            "--include-crds",
             "strata",
             str(ROOT / "charts" / "strata"),
             "-n",
