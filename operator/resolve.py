@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from strata.operator import names
-from strata.operator.api import InferenceService, ServiceTier, check_against_tier, parse_size
+from strata.operator.api import InferenceService, ServiceTier, check_against_tier, parse_milli, parse_size
 from strata.operator.plan import ModelSource, NvmePlan, OwnerRef, ServicePlan, SharedPlan
 from strata.operator.replicas import desired_replicas
 from strata.operator.tenancy import cache_namespace
@@ -157,6 +157,8 @@ def _worker_config(
             kv_memory_fraction=policy.hbm.kv_fraction,
             max_num_seqs=spec.engine.max_num_seqs,
             max_batched_tokens=spec.engine.max_batched_tokens,
+            # As many torch threads as CPUs granted: oversubscribed threads slow decode severalfold.
+            cpu_threads=max(1, parse_milli(spec.resources.cpu) // 1000),
         ),
         server=ServerConfig(port=SERVER_PORT),
         kvtier=KVTierConfig(
@@ -173,6 +175,7 @@ def _worker_config(
             retention_s=float(policy.retention_seconds) if policy.retention_seconds else None,
             priority=tier.spec.priority,
             metrics_port=KV_METRICS_PORT,
+            pinned_prefixes=list(spec.cache.pinned_prefixes or []),
         ),
         cache_namespace=salt,
         service_tier=tier.metadata.get("name", spec.tier),

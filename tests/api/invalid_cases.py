@@ -96,6 +96,12 @@ CASES: list[Case] = [
     isvc("nvme-space", {"cache": {"nvme": "1.5 Gi"}}, "spec.cache.nvme"),
     isvc("nvme-negative", {"cache": {"nvme": -5}}, "spec.cache.nvme"),
     isvc("shared-type", {"cache": {"shared": "yes"}}, "spec.cache.shared"),
+    isvc("pinned-empty-prefix", {"cache": {"pinnedPrefixes": [""]}}, "spec.cache.pinnedPrefixes"),
+    isvc(
+        "pinned-too-many",
+        {"cache": {"pinnedPrefixes": [f"p{i}" for i in range(9)]}},
+        "spec.cache.pinnedPrefixes",
+    ),
     isvc("tier-name", {"tier": "Premium_Tier"}, "spec.tier"),
     isvc("unknown-field", {"gpu": 1}, "spec.gpu"),
     Case("name-too-long", "InferenceService", {}, "metadata.name", object_name="a" * 53),

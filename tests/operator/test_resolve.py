@@ -57,6 +57,16 @@ def test_rendered_config_round_trips_through_the_worker_schema():
     assert plan.worker.service_tier == "batch"
 
 
+def test_pinned_prefixes_and_cpu_threads_reach_the_worker_config():
+    plan = plan_for(cache={"pinnedPrefixes": ["You are a helpful assistant."]}, resources={"cpu": "2500m"})
+    assert plan.worker.kvtier.pinned_prefixes == ["You are a helpful assistant."]
+    assert plan.worker.engine.cpu_threads == 2  # whole CPUs granted, never oversubscribed
+
+
+def test_sub_cpu_request_still_gets_one_thread():
+    assert plan_for(resources={"cpu": "500m"}).worker.engine.cpu_threads == 1
+
+
 def test_zero_sizes_disable_the_sidecar():
     body = isvc_body(cache={"dram": "0", "nvme": "0"})
     plan = resolve(ResolveInput(body, tier_body(), NS_UID))
