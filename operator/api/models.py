@@ -258,6 +258,7 @@ class AutoscalingSpec(ApiModel):
 
 MAX_PINNED_PREFIXES = 8
 MAX_PINNED_PREFIX_CHARS = 32768
+PinnedPrefix = Annotated[str, Field(min_length=1, max_length=MAX_PINNED_PREFIX_CHARS)]
 
 
 class CacheRequest(ApiModel):
