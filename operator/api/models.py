@@ -288,13 +288,11 @@ class CacheRequest(ApiModel):
     shared: bool = Field(
         False, description="Use the shared-storage KV tier; only where the tier has `cache.shared.enabled`."
     )
-    pinned_prefixes: list[Annotated[str, Field(min_length=1, max_length=MAX_PINNED_PREFIX_CHARS)]] | None = (
-        Field(
-            None,
-            max_length=MAX_PINNED_PREFIXES,
-            description="Prompt prefixes, such as a system prompt, whose KV blocks the DRAM tier keeps resident "
-            "(never evicted). Matched on tokens: a prompt must start with exactly this text to hit.",
-        )
+    pinned_prefixes: list[PinnedPrefix] | None = Field(
+        None,
+        max_length=MAX_PINNED_PREFIXES,
+        description="Prompt prefixes, such as a system prompt, whose KV blocks the DRAM tier keeps "
+        "resident (never evicted). Matched on tokens: a prompt must start with exactly this text to hit.",
     )
 
 
