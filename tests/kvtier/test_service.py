@@ -82,6 +82,16 @@ def test_write_back_demotes_dram_victims_to_nvme_and_promotes_on_get(root):
     service.close()
 
 
+def test_write_through_writes_a_block_down_once_a_read_admits_it(root):
+    service = make(root, write_mode="write-through", nvme={"admit_after_hits": 1})
+    put(service, [0, 1])
+    assert service.nvme is not None and key(0) not in service.nvme.index  # seen once: not admitted
+    assert get(service, [0, 1]) == [payload(0), payload(1)]  # seen twice: admitted
+    service._background.submit(lambda: None).result()  # wait for the background write-down
+    assert key(0) in service.nvme.index and key(1) in service.nvme.index
+    service.close()
+
+
 def test_nvme_admits_only_blocks_seen_more_than_admit_after_hits(root):
     service = make(root, dram={"capacity_bytes": 2 * BLOCK}, nvme={"admit_after_hits": 1})
     put(service, [0, 1])

@@ -185,7 +185,22 @@ class KVTierService:
                 if not entries:
                     break
                 i += len(entries)
-            return out
+        if self.config.write_mode == "write-through" and self.nvme is not None and out:
+            self._background.submit(self._write_through_admitted, list(keys[: len(out)]))
+        return out
+
+    def _write_through_admitted(self, keys: list[bytes]) -> None:
+        """Write-through with NVMe admission: a block refused at its first put is written down
+        once a later read makes it admitted, in the background, off the engine's load path."""
+        try:
+            with self._lock:
+                mover = self._require()
+                dram = mover.dram
+                resident = [(k, e) for k in keys if (e := dram.index.get(k)) and not dram.is_staging(e.slot)]
+                mover.write_down(resident, demoting=False)
+                mover.publish_usage()
+        except Exception:  # a background copy must never take the sidecar down
+            log.exception("kvtier: write-through of admitted blocks failed")
 
     # ---- reserve / put: the engine writes blocks into slots ----
 
