@@ -51,10 +51,14 @@ def test_distribution_ships_only_the_strata_top_level_package() -> None:
 
 
 def test_import_operator_gives_the_standard_library_from_the_repo_root() -> None:
-    # `python -c` puts the current directory first on sys.path, and the repository has an
-    # operator/ folder (imported as strata.operator); the stdlib module must still win.
+    # `python -c` (and `-m`) put the current directory first on sys.path, and the repository has
+    # an operator/ folder (imported as strata.operator). Without `site` (-S), nothing imports the
+    # stdlib `operator` before that happens, as in a fresh venv with no .pth files: the folder
+    # must still lose, which it does because it has no __init__.py (a namespace portion loses to
+    # a module found later on the path).
+    assert not (REPO_ROOT / "operator" / "__init__.py").exists()
     result = subprocess.run(
-        [sys.executable, "-c", "import operator; print(operator.__file__)"],
+        [sys.executable, "-S", "-c", "import operator; print(operator.__file__)"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
