@@ -52,9 +52,12 @@ class HFTokenizer:
 
 def load_tokenizer(model_dir: str | Path, eos_token_id: int | None) -> Tokenizer:
     path = Path(model_dir) / "tokenizer.json"
-    if path.is_file():
-        try:
-            return HFTokenizer(path, eos_token_id)
-        except ImportError:
-            pass
-    return ByteTokenizer()
+    if not path.is_file():
+        return ByteTokenizer()
+    # A model that ships a tokenizer must get it: bytes would be valid ids with the wrong meaning.
+    from strata.worker.models.loader import ModelLoadError
+
+    try:
+        return HFTokenizer(path, eos_token_id)
+    except Exception as exc:
+        raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc

@@ -118,6 +118,15 @@ def test_byte_tokenizer_round_trips_and_is_the_fallback(tiny_dir: Path) -> None:
     assert tok.decode([104, 105, 257]) == "hi"  # special ids are not text
 
 
+def test_broken_tokenizer_json_is_an_error_not_a_silent_byte_fallback(tmp_path: Path) -> None:
+    from strata.worker.models.loader import ModelLoadError
+    from strata.worker.tokenizer import load_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=r"model.path: cannot load .*tokenizer.json"):
+        load_tokenizer(tmp_path, None)
+
+
 def test_hf_tokenizer_json_is_used_when_present(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
