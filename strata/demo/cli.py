@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ def up(directory: Path) -> int:
     config = dataplane.localize(platform.rendered_worker_config(cluster), directory)
     service = cluster.kubectl_json("get", "inferenceservice", platform.SERVICE, "-n", platform.TENANT)
     source = _source_uri(service["spec"]["model"]["source"])
+    for name in ("worker", "kvtier"):  # an earlier run's, before their state is wiped
+        detached.stop(name)
     config_path = dataplane.prepare(config, source, directory)
     print(f"worker.yaml: {config_path} (cache namespace {config.cache_namespace!r})")
     dataplane.start_sidecar(detached, config_path)
@@ -108,6 +111,7 @@ stop everything: strata demo down
 
 def down(directory: Path) -> int:
     Detached(directory).stop_all()
+    shutil.rmtree(dataplane.shm_dir(directory), ignore_errors=True)  # memory, not disk: give it back
     return cluster_cli.cmd_down(directory / "cluster") if (directory / "cluster").exists() else 0
 
 

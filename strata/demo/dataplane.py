@@ -10,8 +10,9 @@ index survives).
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ class Endpoints:
     kv_metrics: str
 
 
+def shm_dir(root: Path) -> Path:
+    """The DRAM tier's shared-memory directory, one per demo directory (two demos never share)."""
+    return Path("/dev/shm") / f"strata-demo-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+
+
 def localize(rendered: str, root: Path) -> WorkerConfig:
     """The rendered config with this machine's paths and free ports, on the CPU."""
     data: dict[str, Any] = WorkerConfig.from_yaml(rendered).model_dump(mode="json")
@@ -47,7 +53,7 @@ def localize(rendered: str, root: Path) -> WorkerConfig:
     kv = data["kvtier"]
     kv["socket_path"] = str(root / "run" / "kvtier.sock")
     kv["metrics_port"] = free_port()
-    kv["dram"]["shm_path"] = f"/dev/shm/strata-demo-{os.getuid()}/kv"
+    kv["dram"]["shm_path"] = str(shm_dir(root) / "kv")
     kv["dram"]["capacity_bytes"] = min(kv["dram"]["capacity_bytes"], MAX_DRAM_BYTES)
     kv["nvme"]["path"] = str(root / "nvme")
     kv["nvme"]["capacity_bytes"] = min(kv["nvme"]["capacity_bytes"], MAX_NVME_BYTES)
@@ -56,7 +62,8 @@ def localize(rendered: str, root: Path) -> WorkerConfig:
 
 
 def prepare(config: WorkerConfig, source: str, root: Path) -> Path:
-    """Fetch the model as the pod's init container would, and write the localised config."""
+    """Fetch the model as the pod's init container would, and write the localised config. Cache
+    state from an earlier run is wiped, so that the first request really is cold."""
     fetch_model(source, config.model.path)
     for path in (
         Path(config.kvtier.socket_path).parent,
@@ -64,7 +71,8 @@ def prepare(config: WorkerConfig, source: str, root: Path) -> Path:
         Path(config.kvtier.shared.path),
         Path(config.kvtier.dram.shm_path).parent,
     ):
-        path.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
     config_path = root / "worker.yaml"
     config_path.write_text(config.to_yaml())
     return config_path

@@ -1,0 +1,45 @@
+"""`make demo` is the main job: run it whole, as a user would, and check what it promises."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strata.cluster.cli import pid_alive
+from strata.demo.dataplane import shm_dir
+from strata.demo.detached import Detached
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def strata(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "strata", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
+    directory = tmp_path / "demo"
+    try:
+        up = strata("demo", "--dir", str(directory), timeout=600)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        # The service went Ready under the operator, on a GPU node, with its sidecar.
+        assert re.search(r"tenant-a\s+chat\s+premium\s+demo-small\s+1\s+1", up.stdout), up.stdout
+        assert "gpu-node-" in up.stdout and "- kvtier" in up.stdout
+        # Each request of the walk was served by the tier it names (token counts from /metrics).
+        table = up.stdout[up.stdout.index("prompt tokens served from") :]
+        assert re.search(r"cold \(nothing cached\).*none \(recomputed\)", table)
+        assert re.search(r"prefix in HBM .*hbm 3984$", table, re.M)
+        assert re.search(r"prefix in DRAM .*dram 3984$", table, re.M)
+        assert re.search(r"prefix on NVMe .*nvme 3984$", table, re.M)
+        pids = Detached(directory)._read()
+        assert set(pids) == {"operator", "kvtier", "worker"}
+    finally:
+        down = strata("demo", "down", "--dir", str(directory), timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not any(pid_alive(pid) for pid in pids.values())
+    assert not shm_dir(directory.resolve()).exists()
