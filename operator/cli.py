@@ -34,6 +34,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nvme-volume", choices=["ephemeral", "hostPath"], help="local NVMe volume source")
     p.add_argument("--nvme-host-path", help="host directory for --nvme-volume hostPath")
     p.add_argument("--tolerations", help="JSON list of extra tolerations for worker pods")
+    p.add_argument(
+        "--autoscale-interval", help="seconds between autoscaler scrapes (env STRATA_AUTOSCALE_INTERVAL_S)"
+    )
+    p.add_argument(
+        "--scrape-address",
+        help="testing/debugging: scrape every pod's metrics from this host:port (env STRATA_SCRAPE_ADDRESS)",
+    )
     p.add_argument("--log-format", choices=["json", "plain"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -48,6 +55,8 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
             "nvme_volume": args.nvme_volume,
             "nvme_host_path": args.nvme_host_path,
             "tolerations": args.tolerations,
+            "autoscale_interval_s": args.autoscale_interval,
+            "scrape_address": args.scrape_address,
         }
     )
     default = OperatorSettings()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from strata.operator import names
+from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.events import kopf_sink
 from strata.operator.kube import KubeClient
 from strata.operator.runtime import Runtime, ServiceKey, TierIndex
@@ -48,6 +50,51 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if config.metrics_port:
         runtime.metrics.serve(config.metrics_port)
     memo["strata"] = runtime
+    peering = settings.peering  # kopf.run has filled it in by now
+    memo["strata_autoscaler"] = AutoscalerSlot(
+        Peering(None if peering.standalone else peering.name, peering.priority),
+        config,
+        per_namespace=not peering.standalone and not peering.clusterwide,
+    )
+
+
+@dataclass
+class AutoscalerSlot:
+    """Shared by reference: kopf gives each object a shallow copy of the operator's memo."""
+
+    peering: Peering
+    config: OperatorSettings
+    per_namespace: bool  # namespaced KopfPeerings, which the autoscaler does not follow
+    task: asyncio.Task[None] | None = None
+    autoscaler: Autoscaler | None = None
+    started: bool = False
+
+
+def start_autoscaler(memo: kopf.Memo) -> None:
+    """Once, from the first InferenceService event: one background task, not a kopf timer or
+    daemon (those add a finalizer to every InferenceService). It starts from a handler rather
+    than at start-up because kopf.event only works in a handler's context, which the task
+    inherits. kopf does not pause it with the watches, so it checks the peering itself."""
+    slot: AutoscalerSlot = memo["strata_autoscaler"]
+    if slot.started:
+        return
+    slot.started = True
+    runtime: Runtime = memo["strata"]
+    if slot.per_namespace:
+        logging.getLogger(__name__).warning(
+            "autoscaler disabled: it follows only a ClusterKopfPeering, and this operator peers per namespace"
+        )
+        return
+    slot.autoscaler = Autoscaler(
+        kube=runtime.reconciler.applier.kube,
+        events=kopf_sink,
+        services=lambda: _managed(runtime),
+        peering=slot.peering,
+        scrape_address=slot.config.scrape_address,
+    )
+    slot.task = asyncio.create_task(
+        slot.autoscaler.run(slot.config.autoscale_interval_s), name="strata-autoscaler"
+    )
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorSettings) -> None:
@@ -62,8 +109,20 @@ def configure(settings: kopf.OperatorSettings, config: OperatorSettings) -> None
     settings.peering.lifetime = config.peering_lifetime_s
 
 
+def _managed(runtime: Runtime) -> list[ServiceKey]:
+    """The services this replica reconciles: a paused standby has none."""
+    keys = runtime.runner.keys()
+    return [(str(k[0]), str(k[1])) for k in keys if isinstance(k, tuple)]
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    slot: AutoscalerSlot | None = memo.get("strata_autoscaler")
+    if slot is not None and slot.task is not None:
+        slot.task.cancel()
+        await asyncio.gather(slot.task, return_exceptions=True)
+    if slot is not None and slot.autoscaler is not None:
+        await slot.autoscaler.close()
     runtime: Runtime | None = memo.get("strata")
     if runtime is not None:
         await runtime.close()
@@ -81,6 +140,7 @@ def services_by_tier(*, namespace: str | None, name: str, spec: kopf.Spec, **_: 
 
 @kopf.on.event(names.GROUP, names.VERSION, names.ISVC_PLURAL)
 async def service_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    start_autoscaler(memo)
     runtime: Runtime = memo["strata"]
     tier_bodies: TierIndex = kwargs["tier_bodies"]
     key: ServiceKey = (body.metadata.namespace or "", body.metadata.name or "")

@@ -34,6 +34,11 @@ class OperatorSettings:
     peering_lifetime_s: int = 60
     metrics_port: int = 9090
     uid: int = 10001
+    # How often the autoscaler scrapes the workers, writes status.signals and decides.
+    autoscale_interval_s: int = 15
+    # Testing and debugging only: when set (host:port), every pod's /metrics is fetched from
+    # there instead of from the pod IP (KWOK pods have no reachable IP).
+    scrape_address: str = ""
 
 
 _ENV = {
@@ -44,6 +49,8 @@ _ENV = {
     "tolerations": "STRATA_TOLERATIONS",
     "peering_lifetime_s": "STRATA_PEERING_LIFETIME_S",
     "metrics_port": "STRATA_METRICS_PORT",
+    "autoscale_interval_s": "STRATA_AUTOSCALE_INTERVAL_S",
+    "scrape_address": "STRATA_SCRAPE_ADDRESS",
 }
 
 
@@ -74,8 +81,10 @@ def _convert(key: str, raw: str) -> Any:
         return raw
     if key == "tolerations":
         return _tolerations(raw)
-    if key in ("peering_lifetime_s", "metrics_port"):
+    if key in ("peering_lifetime_s", "metrics_port", "autoscale_interval_s"):
         return _positive_number(key, raw)
+    if key == "scrape_address":
+        return _host_port(raw)
     if key == "nvme_host_path" and not raw.startswith("/"):
         raise SettingsError(f"{_ENV[key]}: {raw!r} must be an absolute path")
     return raw
@@ -89,6 +98,13 @@ def _positive_number(key: str, raw: str) -> int:
     if value <= 0:
         raise SettingsError(f"{_ENV[key]}: must be positive, got {raw!r}")
     return value
+
+
+def _host_port(raw: str) -> str:
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingsError(f"{_ENV['scrape_address']}: {raw!r} is not host:port")
+    return raw
 
 
 def _tolerations(raw: str) -> tuple[Mapping[str, Any], ...]:

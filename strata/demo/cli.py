@@ -30,13 +30,14 @@ def up(directory: Path) -> int:
     step("2/6 helm install charts/strata: CRDs, admission policy, RBAC, ServiceTiers premium/standard/batch")
     sa_kubeconfig = platform.install_chart(cluster)
     step("3/6 the operator, as the chart's ServiceAccount (least-privilege RBAC)")
-    platform.start_operator(detached, sa_kubeconfig)
+    worker_port = platform.free_port()
+    platform.start_operator(detached, sa_kubeconfig, f"127.0.0.1:{worker_port}")
     step(f"4/6 a tenant applies an InferenceService ({platform.TENANT}/{platform.SERVICE}, tier premium)")
     platform.apply_service(cluster)
     platform.wait_ready(cluster)
     print(platform.show(cluster))
     step("5/6 the data plane the operator rendered: torch worker + KV-tier sidecar, from its ConfigMap")
-    config = dataplane.localize(platform.rendered_worker_config(cluster), directory)
+    config = dataplane.localize(platform.rendered_worker_config(cluster), directory, worker_port)
     service = cluster.kubectl_json("get", "inferenceservice", platform.SERVICE, "-n", platform.TENANT)
     source = _source_uri(service["spec"]["model"]["source"])
     for name in ("worker", "kvtier"):  # an earlier run's, before their state is wiped
@@ -46,15 +47,25 @@ def up(directory: Path) -> int:
     dataplane.start_sidecar(detached, config_path)
     api = dataplane.start_worker(detached, config_path, config)
     step(f"6/6 one {PROMPT_TOKENS}-token prompt through the memory hierarchy")
-    rows = _walk_the_hierarchy(detached, config_path, config, api)
+    rows, api = _walk_the_hierarchy(detached, config_path, config, api)
     _print_table(rows)
+    # Steady traffic across a few autoscaler intervals, so its last scrape interval has requests.
+    prompt, deadline = (
+        dataplane.long_prompt(PROMPT_TOKENS),
+        time.monotonic() + 3 * platform.AUTOSCALE_INTERVAL_S,
+    )
+    while time.monotonic() < deadline:
+        dataplane.time_to_first_token(api, config.model.name, prompt)
+    print("\nafter a few seconds of repeated requests, the signals the operator scraped into its status:")
+    print(platform.signals(cluster))
+    print(cluster.kubectl("get", "inferenceservice", platform.SERVICE, "-n", platform.TENANT).stdout)
     print(_usage(directory, cluster.kubeconfig, api, time.monotonic() - started))
     return 0
 
 
 def _walk_the_hierarchy(
     detached: Detached, config_path: Path, config: WorkerConfig, api: str
-) -> list[tuple[str, float, dict[str, float]]]:
+) -> tuple[list[tuple[str, float, dict[str, float]]], str]:
     prompt = dataplane.long_prompt(PROMPT_TOKENS)
     model = config.model.name
     rows: list[tuple[str, float, dict[str, float]]] = []
@@ -76,7 +87,7 @@ def _walk_the_hierarchy(
     dataplane.start_sidecar(detached, config_path)
     api = dataplane.start_worker(detached, config_path, config)
     measure("worker and sidecar restarted: prefix on NVMe", api)
-    return rows
+    return rows, api
 
 
 def _source_uri(source: dict[str, object]) -> str:

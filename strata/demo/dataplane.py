@@ -43,13 +43,13 @@ def shm_dir(root: Path) -> Path:
     return Path("/dev/shm") / f"strata-demo-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
 
-def localize(rendered: str, root: Path) -> WorkerConfig:
-    """The rendered config with this machine's paths and free ports, on the CPU."""
+def localize(rendered: str, root: Path, port: int) -> WorkerConfig:
+    """The rendered config with this machine's paths and ports, on the CPU."""
     data: dict[str, Any] = WorkerConfig.from_yaml(rendered).model_dump(mode="json")
     model_dir = root / "models" / data["model"]["name"]
     data["model"]["path"] = str(model_dir)
     data["engine"]["device"] = "cpu"
-    data["server"] = {"host": "127.0.0.1", "port": free_port()}
+    data["server"] = {"host": "127.0.0.1", "port": port}
     kv = data["kvtier"]
     kv["socket_path"] = str(root / "run" / "kvtier.sock")
     kv["metrics_port"] = free_port()

@@ -23,6 +23,7 @@ SYSTEM_NAMESPACE = "strata-system"
 TENANT = "tenant-a"
 SERVICE = "chat"
 SERVICE_MANIFEST = Path(__file__).with_name("chat.yaml")
+AUTOSCALE_INTERVAL_S = 3
 
 
 def free_port() -> int:
@@ -51,10 +52,17 @@ def install_chart(cluster: Cluster) -> Path:
     return cluster.service_account_kubeconfig(SYSTEM_NAMESPACE, RELEASE)
 
 
-def start_operator(detached: Detached, kubeconfig: Path) -> int:
-    """The operator as the chart's ServiceAccount; returns its metrics port."""
+def start_operator(detached: Detached, kubeconfig: Path, worker_address: str) -> int:
+    """The operator as the chart's ServiceAccount; returns its metrics port. Fake pods have fake
+    IPs, so the autoscaler scrapes the one worker running here (``worker_address``) instead."""
     metrics, liveness = free_port(), free_port()
-    env = {**os.environ, "STRATA_NVME_VOLUME": "hostPath", "STRATA_NVME_HOST_PATH": "/var/lib/strata/nvme"}
+    env = {
+        **os.environ,
+        "STRATA_NVME_VOLUME": "hostPath",
+        "STRATA_NVME_HOST_PATH": "/var/lib/strata/nvme",
+        "STRATA_SCRAPE_ADDRESS": worker_address,
+        "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S),
+    }
     detached.start(
         "operator",
         [
@@ -98,6 +106,14 @@ def wait_ready(cluster: Cluster, timeout_s: int = 180) -> None:
         f"--timeout={timeout_s}s",
         timeout_s=timeout_s + 10,
     )
+
+
+def signals(cluster: Cluster) -> str:
+    """The live signals the autoscaler wrote into the service's status, as a tenant sees them."""
+    service = cluster.kubectl_json("get", "inferenceservice", SERVICE, "-n", TENANT)
+    status = service.get("status") or {}
+    shown = {"signals": status.get("signals"), "lastScaling": status.get("lastScaling")}
+    return yaml.safe_dump({k: v for k, v in shown.items() if v}, sort_keys=False)
 
 
 def rendered_worker_config(cluster: Cluster) -> str:

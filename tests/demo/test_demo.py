@@ -36,6 +36,8 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
         assert re.search(r"prefix in HBM .*hbm 3984$", table, re.M)
         assert re.search(r"prefix in DRAM .*dram 3984$", table, re.M)
         assert re.search(r"prefix on NVMe .*nvme 3984$", table, re.M)
+        # The operator's autoscaler scraped the real worker into the service's status.
+        assert re.search(r"ttftP95Ms: \d", up.stdout) and re.search(r"hbm: 0\.9\d*", up.stdout), up.stdout
         pids = Detached(directory)._read()
         assert set(pids) == {"operator", "kvtier", "worker"}
     finally:

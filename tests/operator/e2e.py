@@ -80,6 +80,7 @@ class OperatorProcess:
     peering_lifetime_s: int = 60
     metrics_port: int = field(default_factory=free_port)
     liveness_port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)  # extra STRATA_* settings
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
@@ -88,6 +89,10 @@ class OperatorProcess:
             "STRATA_NVME_VOLUME": "hostPath",
             "STRATA_NVME_HOST_PATH": "/var/lib/strata-e2e/nvme",
             "STRATA_PEERING_LIFETIME_S": str(self.peering_lifetime_s),
+            # KWOK's pod IPs are fake addresses in 10.244.0.0/16: never let the autoscaler send
+            # traffic there. Loopback port 9 refuses at once; tests that scrape override this.
+            "STRATA_SCRAPE_ADDRESS": "127.0.0.1:9",
+            **self.env,
         }
         argv = [
             sys.executable,

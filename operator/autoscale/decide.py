@@ -1,0 +1,178 @@
+"""The built-in autoscaler's decision: a pure function, in the spirit of the Kubernetes HPA.
+
+ratio = max(kvCacheUsage / target, TTFT p95 / target); inside the tolerance nothing changes;
+otherwise the recommendation is ceil(current * ratio). Recommendations are stabilised like the
+HPA's behaviour: scale up only to the lowest recommendation of the scale-up window and down only
+to the highest of the scale-down window. Then the step limits and the replica bounds apply.
+Zero is reached only by idleness, never by the ratio: with the tier's permission and the
+service's minReplicas 0, after no traffic for the tier's idle window."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.operator.api import ServiceTierSpec
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The tier's autoscaling policy and TTFT target, and the service's replica bounds."""
+
+    target_kv_cache_usage: float = 0.75
+    target_ttft_ms: float = 1000.0
+    tolerance: float = 0.1
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    max_scale_up_step: int = 4
+    max_scale_down_step: int = 1
+    min_replicas: int = 1
+    max_replicas: int = 16
+    scale_to_zero: bool = False
+    scale_to_zero_idle_s: float = 600.0
+
+    @classmethod
+    def of(cls, tier_spec: Mapping[str, Any] | None, service_spec: Mapping[str, Any]) -> Policy:
+        """From a ServiceTier's spec (None: the defaults) and an InferenceService's spec, both as
+        on the wire; the replica bounds are the narrower of the service's and the tier's."""
+        tier = ServiceTierSpec.model_validate(dict(tier_spec or {}))
+        auto = tier.autoscaling
+        return cls(
+            target_kv_cache_usage=auto.target_kv_cache_usage,
+            target_ttft_ms=float(tier.slo.ttft_p95_ms),
+            tolerance=auto.tolerance,
+            scale_up_window_s=float(auto.scale_up_stabilization_seconds),
+            scale_down_window_s=float(auto.scale_down_stabilization_seconds),
+            max_scale_up_step=auto.max_scale_up_step,
+            max_scale_down_step=auto.max_scale_down_step,
+            min_replicas=max(int(service_spec.get("minReplicas", 1)), auto.min_replicas),
+            max_replicas=min(int(service_spec.get("maxReplicas", 1)), auto.max_replicas),
+            scale_to_zero=auto.scale_to_zero,
+            scale_to_zero_idle_s=float(auto.scale_to_zero_idle_seconds),
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What decide reads from the last interval; None where a signal is unknown."""
+
+    kv_cache_usage: float | None
+    ttft_p95_ms: float | None
+    had_traffic: bool
+
+
+@dataclass
+class History:
+    """What one service's earlier decisions left behind (kept in memory by the loop)."""
+
+    started: float  # when this history began: idleness before it is unknown
+    recommendations: list[tuple[float, int]] = field(default_factory=list)
+    last_traffic: float | None = None
+
+    def record(self, now: float, recommendation: int, had_traffic: bool, keep_s: float) -> None:
+        self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= keep_s]
+        self.recommendations.append((now, recommendation))
+        if had_traffic:
+            self.last_traffic = now
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    recommendation: int  # before stabilisation, steps and bounds: what the history keeps
+    reason: str
+
+    def changes(self, current: int) -> bool:
+        return self.replicas != current
+
+
+def decide(current: int, seen: Observation, policy: Policy, history: History, now: float) -> Decision:
+    if _idle(seen, policy, history, now):
+        idle_s = now - (history.last_traffic if history.last_traffic is not None else history.started)
+        reason = f"no traffic for {idle_s:.0f} s >= scaleToZeroIdleSeconds {policy.scale_to_zero_idle_s:.0f}"
+        return Decision(0, 0, f"{reason}: {current} -> 0")
+    ratio, why = _ratio(seen, policy)
+    if ratio is None or current == 0:
+        # Nothing to scale on, or scaled to zero (a request wakes the service, not this loop).
+        floor = max(policy.min_replicas, 1) if current > 0 else current
+        target = min(max(current, floor), policy.max_replicas)
+        return Decision(target, target, _bounded(why or "no signals", current, target, policy))
+    if abs(ratio - 1.0) <= policy.tolerance:
+        recommendation = current
+        why = f"{why}, within tolerance {policy.tolerance:g}"
+    else:
+        recommendation = math.ceil(current * ratio)
+    stabilised, note = _stabilise(current, recommendation, policy, history, now)
+    stepped = min(max(stabilised, current - policy.max_scale_down_step), current + policy.max_scale_up_step)
+    if stepped != stabilised:
+        step = policy.max_scale_up_step if stepped > current else policy.max_scale_down_step
+        note = f"max step {step}"
+    floor = max(policy.min_replicas, 1)
+    target = min(max(stepped, floor), policy.max_replicas)
+    if target != stepped:
+        note = f"clamped to [{floor}, {policy.max_replicas}]"
+    reason = f"{why}: {current} -> {target}" + (f" ({note})" if note else "")
+    return Decision(target, recommendation, reason)
+
+
+def _ratio(seen: Observation, policy: Policy) -> tuple[float | None, str]:
+    candidates: list[tuple[float, str]] = []
+    if seen.kv_cache_usage is not None:
+        cmp = _cmp(seen.kv_cache_usage, policy.target_kv_cache_usage)
+        candidates.append(
+            (
+                seen.kv_cache_usage / policy.target_kv_cache_usage,
+                f"kvCacheUsage {seen.kv_cache_usage:.2f} {cmp} target {policy.target_kv_cache_usage:.2f}",
+            )
+        )
+    if seen.ttft_p95_ms is not None:
+        cmp = _cmp(seen.ttft_p95_ms, policy.target_ttft_ms)
+        candidates.append(
+            (
+                seen.ttft_p95_ms / policy.target_ttft_ms,
+                f"TTFT p95 {seen.ttft_p95_ms:.0f} ms {cmp} target {policy.target_ttft_ms:.0f} ms",
+            )
+        )
+    if not candidates:
+        return None, ""
+    return max(candidates, key=lambda c: c[0])
+
+
+def _cmp(value: float, target: float) -> str:
+    return ">" if value > target else "<" if value < target else "="
+
+
+def _stabilise(
+    current: int, recommendation: int, policy: Policy, history: History, now: float
+) -> tuple[int, str]:
+    up, down = recommendation, recommendation
+    for t, earlier in history.recommendations:
+        if now - t <= policy.scale_up_window_s:
+            up = min(up, earlier)
+        if now - t <= policy.scale_down_window_s:
+            down = max(down, earlier)
+    result = current
+    if result < up:
+        result = up
+    if result > down:
+        result = down
+    if result == recommendation:
+        return result, ""
+    if recommendation > current:
+        return result, f"scale-up window {policy.scale_up_window_s:.0f} s"
+    return result, f"scale-down window {policy.scale_down_window_s:.0f} s"
+
+
+def _idle(seen: Observation, policy: Policy, history: History, now: float) -> bool:
+    if not policy.scale_to_zero or policy.min_replicas > 0 or seen.had_traffic:
+        return False
+    since = history.last_traffic if history.last_traffic is not None else history.started
+    return now - since >= policy.scale_to_zero_idle_s
+
+
+def _bounded(why: str, current: int, target: int, policy: Policy) -> str:
+    if target == current:
+        return f"{why}: {current} replicas kept"
+    return f"{why}: {current} -> {target} (clamped to [{policy.min_replicas}, {policy.max_replicas}])"

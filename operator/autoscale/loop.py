@@ -1,0 +1,242 @@
+"""The autoscaler's periodic loop: scrape every managed service's ready pods, write
+``status.signals``, and for ``autoscaling.mode: builtin`` scale through the scale subresource.
+
+One background task, started by the operator at start-up (kopf timers and daemons would add
+finalizers to every InferenceService). Each interval it asks the peering object whether this
+replica is the active one; a standby only forgets what it knew. Previous scrapes live in memory,
+keyed by service uid, so the first interval after a (re)start only primes them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from strata.operator import names
+from strata.operator.autoscale.decide import Decision, History, Observation, Policy, decide
+from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
+from strata.operator.autoscale.peering import is_active
+from strata.operator.autoscale.signals import Aggregate, Scrape, aggregate
+from strata.operator.events import EventSink
+from strata.operator.kube import KubeClient, KubeError, Obj
+from strata.operator.replicas import desired_replicas
+from strata.operator.resolve import SERVER_PORT
+
+log = logging.getLogger(__name__)
+MERGE_PATCH = "application/merge-patch+json"
+# Its own field manager: the reconciler's server-side apply of status must not own (and so
+# drop) the fields written here.
+FIELD_MANAGER = "strata-autoscaler"
+SCRAPE_TIMEOUT_S = 3.0
+SCRAPE_CONCURRENCY = 32
+API_ERRORS = (KubeError, aiohttp.ClientError, TimeoutError)
+ServiceKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Peering:
+    """Where this replica's peering lives; None name: standalone, always active."""
+
+    name: str | None
+    priority: int
+
+
+@dataclass
+class Autoscaler:
+    kube: KubeClient
+    events: EventSink
+    services: Callable[[], Iterable[ServiceKey]]  # the services this replica manages
+    peering: Peering
+    scrape_address: str = ""  # testing override: every pod's metrics come from this host:port
+    clock: Callable[[], float] = time.monotonic
+    scrapes: dict[str, Scrape] = field(default_factory=dict)
+    histories: dict[str, History] = field(default_factory=dict)
+    _http: aiohttp.ClientSession | None = None
+    _limit: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SCRAPE_CONCURRENCY))
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            started = self.clock()
+            try:
+                await self.tick()
+            except Exception:  # one bad interval must not end autoscaling for good
+                log.exception("autoscaler interval failed")
+            await asyncio.sleep(max(0.0, interval_s - (self.clock() - started)))
+
+    async def tick(self) -> None:
+        if not await self._active():
+            self.scrapes.clear()  # a standby's memory would be stale when it takes over
+            self.histories.clear()
+            return
+        keys = list(self.services())
+        seen = await asyncio.gather(*(self.service(ns, name) for ns, name in keys))
+        live = {uid for uid in seen if uid}
+        for gone in set(self.scrapes) - live:
+            self.scrapes.pop(gone, None)
+            self.histories.pop(gone, None)
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    async def service(self, namespace: str, name: str) -> str | None:
+        """One service's interval; returns its uid while it exists."""
+        try:
+            isvc = await self.kube.get(names.API_VERSION, names.ISVC_KIND, name, namespace)
+            if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+                return None
+            uid = str(isvc["metadata"]["uid"])
+            samples = await self._scrape_pods(namespace, name)
+            now = self.clock()
+            current = Scrape(now, samples)
+            previous = self.scrapes.get(uid)
+            self.scrapes[uid] = current
+            if previous is None:
+                return uid  # priming: deltas need two scrapes
+            agg = aggregate(previous, current)
+            await self._write_signals(isvc, agg)
+            if (isvc.get("spec", {}).get("autoscaling") or {}).get("mode", "builtin") == "builtin":
+                await self._scale(isvc, uid, agg, now)
+            return uid
+        except API_ERRORS as exc:
+            log.warning("autoscaler: %s/%s skipped this interval: %s", namespace, name, exc)
+            return None
+
+    async def _active(self) -> bool:
+        if self.peering.name is None:
+            return True
+        try:
+            listed = await self.kube.request(
+                "GET",
+                "/apis/kopf.dev/v1/clusterkopfpeerings",
+                params={"fieldSelector": f"metadata.name={self.peering.name}"},
+            )
+        except API_ERRORS as exc:
+            log.warning("autoscaler: cannot read peering %s: %s", self.peering.name, exc)
+            return False
+        found: list[Obj] = listed.get("items", [])
+        peers = (found[0].get("status") or {}) if found else {}
+        return is_active(peers, self.peering.priority, datetime.now(UTC))
+
+    async def _scrape_pods(self, namespace: str, name: str) -> dict[str, PodSample]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(names.selector_labels(name).items()))
+        listed = await self.kube.request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}
+        )
+        pods = [p for p in listed.get("items", []) if _ready(p)]
+        results = await asyncio.gather(*(self._scrape(p) for p in pods))
+        return {uid: sample for uid, sample in results if sample is not None}
+
+    async def _scrape(self, pod: Obj) -> tuple[str, PodSample | None]:
+        uid = str(pod["metadata"]["uid"])
+        ip = str(pod["status"]["podIP"])
+        address = self.scrape_address or (f"[{ip}]" if ":" in ip else ip) + f":{SERVER_PORT}"
+        url = f"http://{address}/metrics"
+        async with self._limit:
+            try:
+                session = self._session()
+                async with session.get(url) as resp:
+                    if resp.status != 200:
+                        raise MetricsError(f"HTTP {resp.status}")
+                    return uid, parse_exposition(await resp.text())
+            except (aiohttp.ClientError, TimeoutError, MetricsError) as exc:
+                log.debug("autoscaler: scrape of %s (%s) failed: %s", pod["metadata"]["name"], url, exc)
+                return uid, None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
+        return self._http
+
+    async def _write_signals(self, isvc: Obj, agg: Aggregate) -> None:
+        await self._patch_status(isvc, {"signals": signals_status(agg, datetime.now(UTC))})
+
+    async def _patch_status(self, isvc: Obj, status: Mapping[str, Any]) -> None:
+        meta = isvc["metadata"]
+        path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{meta['namespace']}/{names.ISVC_PLURAL}"
+        await self.kube.request(
+            "PATCH",
+            f"{path}/{meta['name']}/status",
+            params={"fieldManager": FIELD_MANAGER},
+            body={"status": status},
+            content_type=MERGE_PATCH,
+        )
+
+    async def _scale(self, isvc: Obj, uid: str, agg: Aggregate, now: float) -> None:
+        spec = isvc.get("spec", {})
+        tier = await self.kube.get(names.API_VERSION, names.TIER_KIND, str(spec.get("tier", "standard")))
+        if tier is None:
+            return  # the reconciler reports the missing tier; nothing to scale within
+        try:
+            policy = Policy.of(tier.get("spec"), spec)
+            current = desired_replicas(
+                int(spec.get("replicas", 1)), int(spec.get("minReplicas", 1)), int(spec.get("maxReplicas", 1))
+            )
+        except ValueError as exc:  # the reconciler reports an invalid tier or spec as a condition
+            meta = isvc["metadata"]
+            log.warning("autoscaler: %s/%s not scaled: %s", meta["namespace"], meta["name"], exc)
+            return
+        history = self.histories.setdefault(uid, History(started=now))
+        seen = Observation(
+            kv_cache_usage=agg.kv_cache_usage,
+            ttft_p95_ms=agg.ttft_p95_s * 1000 if agg.ttft_p95_s is not None else None,
+            had_traffic=agg.had_traffic,
+        )
+        decision = decide(current, seen, policy, history, now)
+        history.record(
+            now,
+            decision.recommendation,
+            agg.had_traffic,
+            max(policy.scale_up_window_s, policy.scale_down_window_s),
+        )
+        if decision.changes(current):
+            await self._apply(isvc, current, decision)
+
+    async def _apply(self, isvc: Obj, current: int, decision: Decision) -> None:
+        meta = isvc["metadata"]
+        path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{meta['namespace']}/{names.ISVC_PLURAL}"
+        await self.kube.request(
+            "PATCH",
+            f"{path}/{meta['name']}/scale",
+            params={"fieldManager": FIELD_MANAGER},
+            body={"spec": {"replicas": decision.replicas}},
+            content_type=MERGE_PATCH,
+        )
+        when = datetime.now(UTC)
+        last = {
+            "time": _rfc3339(when),
+            "fromReplicas": current,
+            "toReplicas": decision.replicas,
+            "reason": decision.reason[:1024],
+        }
+        await self._patch_status(isvc, {"lastScaling": last})
+        self.events(isvc, "Normal", "Scaled", decision.reason)
+        log.info("autoscaler: %s/%s %s", meta["namespace"], meta["name"], decision.reason)
+
+
+def signals_status(agg: Aggregate, now: datetime) -> dict[str, Any]:
+    """status.signals on the wire; an unknown signal is null, which a merge patch removes."""
+    return {
+        "kvCacheUsage": round(agg.kv_cache_usage, 4) if agg.kv_cache_usage is not None else None,
+        "ttftP95Ms": round(agg.ttft_p95_s * 1000, 1) if agg.ttft_p95_s is not None else None,
+        "requestsWaiting": agg.requests_waiting,
+        "prefixHitRatio": {t: round(r, 4) for t, r in agg.prefix_hit_ratio.items()} or None,
+        "observedAt": _rfc3339(now),
+    }
+
+
+def _ready(pod: Obj) -> bool:
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")

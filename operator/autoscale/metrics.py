@@ -1,0 +1,87 @@
+"""One worker pod's /metrics, parsed into the few numbers the autoscaler reads.
+
+The worker exposes Prometheus text (worker/server/metrics.py); only counters, the TTFT
+histogram and two gauges matter here, so the rest of the exposition is ignored."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+P = "strata_worker_"
+KV_USAGE = P + "kv_cache_usage_ratio"
+QUEUE = P + "queue_length"
+TTFT_BUCKET = P + "time_to_first_token_seconds_bucket"
+TTFT_COUNT = P + "time_to_first_token_seconds_count"
+PREFIX_HITS = P + "prefix_hit_tokens_total"
+PROMPT_TOKENS = P + "prompt_tokens_total"
+
+
+class MetricsError(ValueError):
+    """The exposition cannot be parsed or lacks what the autoscaler needs."""
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """One scrape of one pod. Counters and histogram counts are cumulative since the pod started."""
+
+    kv_usage: float | None = None
+    requests_waiting: float | None = None
+    # (upper bound, cumulative count), ascending, the last one +Inf.
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    ttft_count: float = 0.0
+    prefix_hit_tokens: Mapping[str, float] = field(default_factory=dict)
+    prompt_tokens: float = 0.0
+
+
+def parse_exposition(text: str) -> PodSample:
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsError(f"not Prometheus text exposition: {exc}") from None
+    kv: float | None = None
+    waiting: float | None = None
+    buckets: dict[float, float] = {}
+    ttft_count = 0.0
+    hits: dict[str, float] = {}
+    prompt = 0.0
+    for family in families:
+        for sample in family.samples:
+            name, value = sample.name, float(sample.value)
+            if name == KV_USAGE:
+                kv = value
+            elif name == QUEUE:
+                waiting = value
+            elif name == TTFT_BUCKET:
+                buckets[_bound(sample.labels.get("le", ""))] = value
+            elif name == TTFT_COUNT:
+                ttft_count = value
+            elif name == PREFIX_HITS:
+                tier = sample.labels.get("tier")
+                if not tier:
+                    raise MetricsError(f"{PREFIX_HITS} sample without a tier label")
+                hits[tier] = value
+            elif name == PROMPT_TOKENS:
+                prompt = value
+    if kv is None and not buckets:
+        raise MetricsError(f"neither {KV_USAGE} nor {TTFT_BUCKET} in the exposition: not a Strata worker")
+    if buckets and math.inf not in buckets:
+        raise MetricsError(f'{TTFT_BUCKET} has no le="+Inf" bucket')
+    return PodSample(
+        kv_usage=kv,
+        requests_waiting=waiting,
+        ttft_buckets=tuple(sorted(buckets.items())),
+        ttft_count=ttft_count,
+        prefix_hit_tokens=hits,
+        prompt_tokens=prompt,
+    )
+
+
+def _bound(le: str) -> float:
+    try:
+        return float(le)  # float() reads "+Inf" as infinity
+    except ValueError:
+        raise MetricsError(f"{TTFT_BUCKET} has a bad le label {le!r}") from None

@@ -1,0 +1,161 @@
+"""The built-in autoscaler's decision, one rule at a time; and which peering replica acts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from strata.operator.autoscale.decide import History, Observation, Policy, decide
+from strata.operator.autoscale.peering import is_active
+
+NO_WINDOWS = Policy(
+    target_kv_cache_usage=0.75,
+    target_ttft_ms=300,
+    tolerance=0.1,
+    scale_up_window_s=0,
+    scale_down_window_s=0,
+    max_scale_up_step=4,
+    max_scale_down_step=4,
+    min_replicas=1,
+    max_replicas=10,
+)
+
+
+def seen(kv: float | None = None, ttft: float | None = None, traffic: bool = True) -> Observation:
+    return Observation(kv_cache_usage=kv, ttft_p95_ms=ttft, had_traffic=traffic)
+
+
+def fresh(now: float = 0.0) -> History:
+    return History(started=now)
+
+
+def test_ttft_over_target_scales_up_by_the_ratio_with_the_numbers_in_the_reason():
+    d = decide(2, seen(kv=0.5, ttft=812), NO_WINDOWS, fresh(), 100)
+    # ratio 812 / 300 = 2.71 beats 0.5 / 0.75: ceil(2 * 2.71) = 6, capped by the step of 4.
+    assert d.replicas == 6 and d.recommendation == 6
+    assert d.reason == "TTFT p95 812 ms > target 300 ms: 2 -> 6"
+
+
+def test_kv_usage_over_target_scales_up():
+    d = decide(2, seen(kv=0.95), NO_WINDOWS, fresh(), 100)
+    assert d.replicas == 3 and d.reason == "kvCacheUsage 0.95 > target 0.75: 2 -> 3"
+
+
+def test_within_tolerance_nothing_changes():
+    d = decide(4, seen(kv=0.8, ttft=310), NO_WINDOWS, fresh(), 100)
+    assert d.replicas == 4 and not d.changes(4)
+    assert "within tolerance 0.1" in d.reason
+
+
+def test_low_load_scales_down():
+    d = decide(4, seen(kv=0.3, ttft=30), NO_WINDOWS, fresh(), 100)
+    assert d.replicas == 2 and d.reason.startswith("kvCacheUsage 0.30 < target 0.75: 4 -> 2")
+
+
+def test_max_step_up_and_down():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "max_scale_up_step": 2, "max_scale_down_step": 1})
+    up = decide(2, seen(kv=0.75 * 5), policy, fresh(), 100)
+    assert up.replicas == 4 and up.recommendation == 10 and "(max step 2)" in up.reason
+    down = decide(8, seen(kv=0.1), policy, fresh(), 100)
+    assert down.replicas == 7 and "(max step 1)" in down.reason
+
+
+def test_bounds_clamp_the_result():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "min_replicas": 3, "max_replicas": 5})
+    up = decide(4, seen(ttft=3000), policy, fresh(), 100)
+    assert up.replicas == 5 and "clamped to [3, 5]" in up.reason
+    down = decide(4, seen(kv=0.1), policy, fresh(), 100)
+    assert down.replicas == 3
+
+
+def test_scale_down_waits_for_the_highest_recommendation_in_its_window():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "scale_down_window_s": 300})
+    history = fresh()
+    history.record(50, 6, True, keep_s=300)  # a peak 50 s ago
+    d = decide(6, seen(kv=0.2), policy, history, 100)
+    assert d.replicas == 6 and d.recommendation == 2 and "scale-down window 300 s" in d.reason
+    # Once the peak is out of the window, down it goes (by the step).
+    later = decide(6, seen(kv=0.2), policy, history, 351)
+    assert later.replicas == 2
+
+
+def test_scale_up_goes_only_to_the_lowest_recommendation_in_its_window():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "scale_up_window_s": 60})
+    history = fresh()
+    history.record(70, 3, True, keep_s=60)
+    d = decide(2, seen(kv=0.75 * 4), policy, history, 100)
+    assert d.recommendation == 8 and d.replicas == 3 and "scale-up window 60 s" in d.reason
+
+
+def test_no_signals_keep_the_replicas_within_bounds():
+    assert decide(3, seen(), NO_WINDOWS, fresh(), 100).replicas == 3
+    policy = Policy(**{**NO_WINDOWS.__dict__, "max_replicas": 2})
+    assert decide(3, seen(), policy, fresh(), 100).replicas == 2
+
+
+ZERO = Policy(
+    **{**NO_WINDOWS.__dict__, "min_replicas": 0, "scale_to_zero": True, "scale_to_zero_idle_s": 600}
+)
+
+
+def test_scale_to_zero_after_the_idle_window_when_allowed():
+    history = fresh(0)
+    history.record(100, 1, True, keep_s=0)  # last request at t=100
+    assert decide(1, seen(kv=0.0, traffic=False), ZERO, history, 650).replicas == 1  # idle 550 s
+    d = decide(1, seen(kv=0.0, traffic=False), ZERO, history, 700)
+    assert d.replicas == 0 and d.reason == "no traffic for 600 s >= scaleToZeroIdleSeconds 600: 1 -> 0"
+
+
+def test_traffic_in_the_interval_prevents_scale_to_zero():
+    assert decide(1, seen(kv=0.0, traffic=True), ZERO, fresh(0), 10_000).replicas == 1
+
+
+def test_scale_to_zero_forbidden_by_the_tier_or_by_min_replicas():
+    forbidden = Policy(**{**ZERO.__dict__, "scale_to_zero": False})
+    assert decide(1, seen(kv=0.0, traffic=False), forbidden, fresh(0), 10_000).replicas == 1
+    min_one = Policy(**{**ZERO.__dict__, "min_replicas": 1})
+    assert decide(1, seen(kv=0.0, traffic=False), min_one, fresh(0), 10_000).replicas == 1
+    # The ratio alone never reaches zero, even where zero is allowed.
+    assert decide(1, seen(kv=0.0, traffic=True), ZERO, fresh(0), 100).replicas == 1
+
+
+def test_policy_takes_the_tier_targets_and_the_narrower_bounds():
+    tier = {
+        "slo": {"ttftP95Ms": 250},
+        "autoscaling": {"targetKvCacheUsage": 0.8, "maxReplicas": 6, "minReplicas": 1, "maxScaleUpStep": 2},
+    }
+    policy = Policy.of(tier, {"minReplicas": 2, "maxReplicas": 10})
+    assert policy.target_ttft_ms == 250 and policy.target_kv_cache_usage == 0.8
+    assert (policy.min_replicas, policy.max_replicas, policy.max_scale_up_step) == (2, 6, 2)
+    assert Policy.of(None, {}).target_kv_cache_usage == 0.75
+
+
+def test_policy_refuses_a_bad_tier_naming_the_field():
+    with pytest.raises(ValueError, match=r"targetKvCacheUsage|target_kv_cache_usage"):
+        Policy.of({"autoscaling": {"targetKvCacheUsage": 2}}, {})
+
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def peer(priority: int, age_s: float, lifetime: int = 60) -> dict[str, object]:
+    return {
+        "priority": priority,
+        "lifetime": lifetime,
+        "lastseen": (NOW - timedelta(seconds=age_s)).isoformat(),
+    }
+
+
+def test_the_highest_live_priority_is_active():
+    peers = {"me": peer(10, 1), "other": peer(5, 1)}
+    assert is_active(peers, 10, NOW) and not is_active(peers, 5, NOW)
+
+
+def test_a_dead_higher_peer_does_not_pause_us():
+    assert is_active({"me": peer(5, 1), "dead": peer(10, 120)}, 5, NOW)
+
+
+def test_equal_priorities_pause_everyone_and_absence_means_not_active():
+    assert not is_active({"me": peer(7, 1), "twin": peer(7, 1)}, 7, NOW)
+    assert not is_active({}, 7, NOW)

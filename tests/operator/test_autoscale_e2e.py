@@ -1,0 +1,156 @@
+"""The built-in autoscaler end to end: the operator (as the chart's ServiceAccount) scrapes the
+pods of two services, whose metrics a local server stands in for (KWOK pod IPs lead nowhere,
+hence STRATA_SCRAPE_ADDRESS), fills status.signals for both and scales only the builtin one."""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from strata.cluster.cluster import Cluster
+
+from .e2e import OperatorProcess, events, get, inference_service, install_operator_rbac, wait_for, wait_ready
+
+pytestmark = pytest.mark.cluster
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # the worker's
+
+
+class BusyWorker:
+    """A worker's /metrics under load: KV 90 % full, and every scrape sees 5 more requests
+    whose first token took 7 s, so TTFT p95 over any interval is far above the tier's 1 s."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        Gauge("strata_worker_kv_cache_usage_ratio", "", registry=self.registry).set(0.9)
+        Gauge("strata_worker_queue_length", "", registry=self.registry).set(2)
+        self.ttft = Histogram(
+            "strata_worker_time_to_first_token_seconds", "", buckets=BUCKETS, registry=self.registry
+        )
+        self.hits = Counter("strata_worker_prefix_hit_tokens", "", ["tier"], registry=self.registry)
+        self.prompt = Counter("strata_worker_prompt_tokens", "", registry=self.registry)
+        self.lock = threading.Lock()
+
+    def render(self) -> bytes:
+        with self.lock:
+            for _ in range(5):
+                self.ttft.observe(7.0)
+            self.prompt.inc(100)
+            self.hits.labels("hbm").inc(25)
+            self.hits.labels("dram").inc(50)
+            return generate_latest(self.registry)
+
+
+@pytest.fixture(scope="module")
+def metrics_address() -> Iterator[str]:
+    worker = BusyWorker()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = worker.render() if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster, metrics_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    kubeconfig = install_operator_rbac(cluster)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    env = {"STRATA_SCRAPE_ADDRESS": metrics_address, "STRATA_AUTOSCALE_INTERVAL_S": "1"}
+    process = OperatorProcess(kubeconfig, log, env=env).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def tier(cluster: Cluster) -> Iterator[str]:
+    """No scale-up stabilisation, so the test sees several decisions in a few seconds."""
+    name = f"autoscale-{uuid.uuid4().hex[:6]}"
+    cluster.apply(
+        {
+            "apiVersion": "strata.dev/v1alpha1",
+            "kind": "ServiceTier",
+            "metadata": {"name": name},
+            "spec": {
+                "priority": 50000,
+                "slo": {"ttftP95Ms": 1000},
+                "cache": {"dram": {"maxSize": "4Gi"}, "nvme": {"maxSize": "100Gi"}},
+                "autoscaling": {
+                    "targetKvCacheUsage": 0.8,
+                    "scaleUpStabilizationSeconds": 0,
+                    "maxScaleUpStep": 2,
+                    "minReplicas": 1,
+                    "maxReplicas": 4,
+                },
+            },
+        }
+    )
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "servicetier", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def steps(cluster: Cluster, namespace: str, name: str) -> list[tuple[int, int, str]]:
+    """(from, to, message) of every Scaled Event of the service."""
+    found = []
+    for event in events(cluster, namespace, name):
+        if event["reason"] == "Scaled":
+            match = re.search(r": (\d+) -> (\d+)", event["message"])
+            assert match, event["message"]
+            found.append((int(match[1]), int(match[2]), event["message"]))
+    return found
+
+
+def test_builtin_scales_up_within_its_step_and_off_only_reports(
+    cluster: Cluster, namespace: str, tier: str, operator: OperatorProcess
+) -> None:
+    for name, mode in (("auto", "builtin"), ("manual", "off")):
+        spec = {"replicas": 1, "maxReplicas": 4, "autoscaling": {"mode": mode}}
+        cluster.apply(inference_service(name, tier, **spec), namespace)
+    for name in ("auto", "manual"):
+        wait_ready(cluster, namespace, name)
+
+    def at_max() -> dict[str, Any] | None:
+        obj = get(cluster, "inferenceservice", "auto", namespace)
+        last = (obj.get("status") or {}).get("lastScaling") or {}
+        return obj if last.get("toReplicas") == 4 and obj["spec"]["replicas"] == 4 else None
+
+    auto = wait_for(at_max, 45, what=f"scaling up to maxReplicas 4 (log {operator.log})")
+    # KV usage 0.9 > 0.8 and TTFT p95 of 7 s > 1 s: each decision adds at most 2 replicas.
+    made = wait_for(lambda: steps(cluster, namespace, "auto"), 10, what="Scaled Events")
+    assert all(0 < to - frm <= 2 for frm, to, _ in made), made
+    assert any("(max step 2)" in message for _, _, message in made), made
+    assert "> target" in auto["status"]["lastScaling"]["reason"]
+    signals = auto["status"]["signals"]
+    assert signals["kvCacheUsage"] == 0.9 and signals["requestsWaiting"] >= 2
+    assert signals["ttftP95Ms"] > 5000  # 7 s observations, interpolated inside the (5, 10] bucket
+    assert signals["prefixHitRatio"] == {"dram": 0.5, "hbm": 0.25}
+
+    manual = get(cluster, "inferenceservice", "manual", namespace)
+    assert manual["status"]["signals"]["kvCacheUsage"] == 0.9
+    assert manual["spec"]["replicas"] == 1 and "lastScaling" not in manual["status"]
+    assert steps(cluster, namespace, "manual") == []

@@ -1,0 +1,159 @@
+"""The autoscaler's glue against an in-memory API and a real HTTP metrics endpoint: priming,
+signals in every mode, scaling only in builtin mode, and a standby that does nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from strata.operator.autoscale.loop import Autoscaler, Peering
+from strata.operator.events import RecordedEvents
+from strata.operator.kube import KubeClient, Obj
+
+EXPOSITION = """\
+strata_worker_kv_cache_usage_ratio 0.95
+strata_worker_queue_length 1
+strata_worker_time_to_first_token_seconds_bucket{{le="1.0"}} 0
+strata_worker_time_to_first_token_seconds_bucket{{le="+Inf"}} {count}
+strata_worker_time_to_first_token_seconds_count {count}
+strata_worker_prompt_tokens_total {prompt}
+strata_worker_prefix_hit_tokens_total{{tier="hbm"}} {hits}
+"""
+
+
+class FakeKube(KubeClient):
+    def __init__(self, mode: str, peers: Mapping[str, Any] | None = None) -> None:
+        self.isvc: Obj = {
+            "metadata": {"name": "chat", "namespace": "ns", "uid": "u1"},
+            "spec": {
+                "tier": "t",
+                "replicas": 2,
+                "minReplicas": 1,
+                "maxReplicas": 6,
+                "autoscaling": {"mode": mode},
+            },
+        }
+        self.tier: Obj = {"spec": {"autoscaling": {"targetKvCacheUsage": 0.5, "maxScaleUpStep": 1}}}
+        self.peers = peers
+        self.patches: list[tuple[str, Any]] = []
+
+    async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
+        return self.isvc if kind == "InferenceService" else self.tier
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        if path.endswith("/pods"):
+            ready = {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
+            unready = {"podIP": "10.0.0.2", "conditions": [{"type": "Ready", "status": "False"}]}
+            return {
+                "items": [
+                    {"metadata": {"name": "a", "uid": "pa"}, "status": ready},
+                    {"metadata": {"name": "b", "uid": "pb"}, "status": unready},
+                ]
+            }
+        if "clusterkopfpeerings" in path:
+            return {"items": [{"status": self.peers}]}
+        assert method == "PATCH"
+        self.patches.append((path.rsplit("/", 1)[1], body))
+        return {}
+
+
+@asynccontextmanager
+async def metrics_server() -> AsyncIterator[str]:
+    """A worker's /metrics whose counters grow on every scrape; in the test's own event loop."""
+    scrapes = {"n": 0}
+
+    async def metrics(_: web.Request) -> web.Response:
+        scrapes["n"] += 1
+        n = scrapes["n"]
+        return web.Response(text=EXPOSITION.format(count=10 * n, prompt=100 * n, hits=40 * n))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def autoscaler(kube: FakeKube, address: str, peering: Peering = Peering(None, 0)) -> Autoscaler:
+    return Autoscaler(kube, RecordedEvents(), lambda: [("ns", "chat")], peering, scrape_address=address)
+
+
+async def test_first_interval_primes_then_signals_and_a_builtin_scale() -> None:
+    async with metrics_server() as address:
+        kube = FakeKube("builtin")
+        scaler = autoscaler(kube, address)
+        await scaler.tick()
+        assert kube.patches == []  # no deltas yet
+        await scaler.tick()
+        await scaler.close()
+        signals = next(
+            body for what, body in kube.patches if what == "status" and "signals" in body["status"]
+        )
+        s = signals["status"]["signals"]
+        assert s["kvCacheUsage"] == 0.95 and s["requestsWaiting"] == 1 and s["prefixHitRatio"] == {"hbm": 0.4}
+        assert s["ttftP95Ms"] == 1000.0  # every first token in the +Inf bucket: the highest finite bound
+        assert ("scale", {"spec": {"replicas": 3}}) in kube.patches
+        last = next(
+            body for what, body in kube.patches if what == "status" and "lastScaling" in body["status"]
+        )
+        assert (
+            last["status"]["lastScaling"]["fromReplicas"] == 2
+            and last["status"]["lastScaling"]["toReplicas"] == 3
+        )
+        assert isinstance(scaler.events, RecordedEvents)
+        assert scaler.events.reasons() == ["Scaled"]
+        assert "kvCacheUsage 0.95 > target 0.50: 2 -> 3 (max step 1)" in scaler.events.events[0][3]
+
+
+async def test_mode_off_reports_signals_and_never_scales() -> None:
+    async with metrics_server() as address:
+        kube = FakeKube("off")
+        scaler = autoscaler(kube, address)
+        for _ in range(3):
+            await scaler.tick()
+        await scaler.close()
+        assert [what for what, _ in kube.patches] == ["status", "status"]
+        assert all("signals" in body["status"] for _, body in kube.patches)
+
+
+async def test_an_unreachable_worker_leaves_signals_unknown_and_replicas_alone() -> None:
+    kube = FakeKube("builtin")
+    scaler = autoscaler(kube, "127.0.0.1:9")  # discard port: connection refused
+    await scaler.tick()
+    await scaler.tick()
+    await scaler.close()
+    ((what, body),) = kube.patches
+    assert what == "status" and body["status"]["signals"]["kvCacheUsage"] is None
+
+
+async def test_a_standby_replica_neither_scrapes_nor_remembers() -> None:
+    async with metrics_server() as address:
+        now = datetime.now(UTC).isoformat()
+        peers = {
+            "me": {"priority": 1, "lastseen": now, "lifetime": 60},
+            "x": {"priority": 9, "lastseen": now},
+        }
+        kube = FakeKube("builtin", peers)
+        scaler = autoscaler(kube, address, Peering("strata", 1))
+        await scaler.tick()
+        await scaler.tick()
+        await scaler.close()
+        assert kube.patches == [] and scaler.scrapes == {}
