@@ -7,6 +7,7 @@ fallback (``STRATA_NVME_VOLUME=hostPath``); claims would stay Pending and block 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -140,6 +141,16 @@ class OperatorProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextlib.contextmanager
+def operator_running(cluster: Cluster, log: Path, **options: Any) -> Iterator[OperatorProcess]:
+    """The chart's RBAC installed and the operator running as its ServiceAccount, then stopped."""
+    process = OperatorProcess(install_operator_rbac(cluster), log, **options).start()
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 def wait_for(

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from strata.cluster.cluster import Cluster
 
-from .e2e import OperatorProcess, events, get, inference_service, install_operator_rbac, wait_for, wait_ready
+from .e2e import OperatorProcess, events, get, inference_service, operator_running, wait_for, wait_ready
 
 pytestmark = pytest.mark.cluster
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # the worker's
@@ -75,14 +75,9 @@ def metrics_address() -> Iterator[str]:
 def operator(
     cluster: Cluster, metrics_address: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    kubeconfig = install_operator_rbac(cluster)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
     env = {"STRATA_SCRAPE_ADDRESS": metrics_address, "STRATA_AUTOSCALE_INTERVAL_S": "1"}
-    process = OperatorProcess(kubeconfig, log, env=env).start()
-    try:
+    with operator_running(cluster, tmp_path_factory.mktemp("operator") / "operator.log", env=env) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

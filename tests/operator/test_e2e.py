@@ -19,8 +19,8 @@ from .e2e import (
     events,
     get,
     inference_service,
-    install_operator_rbac,
     items,
+    operator_running,
     running_pods,
     wait_for,
     wait_ready,
@@ -31,13 +31,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    kubeconfig = install_operator_rbac(cluster)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = OperatorProcess(kubeconfig, log).start()
-    try:
+    with operator_running(cluster, tmp_path_factory.mktemp("operator") / "operator.log") as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
