@@ -17,7 +17,7 @@ BYTE_VOCAB_SIZE = 320  # 256 bytes, BOS, EOS, room for more specials; a multiple
 class Tokenizer(Protocol):
     eos_token_id: int | None
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
 
@@ -25,7 +25,7 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     eos_token_id: int | None = BYTE_EOS_ID
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, token_ids: list[int]) -> str:
@@ -41,8 +41,10 @@ class HFTokenizer:
         self._tok = RustTokenizer.from_file(str(path))
         self.eos_token_id = eos_token_id
 
-    def encode(self, text: str) -> list[int]:
-        ids: list[int] = self._tok.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``add_special_tokens=False`` for text that already holds them (a rendered chat
+        template), as transformers does, so BOS is not doubled."""
+        ids: list[int] = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
     def decode(self, token_ids: list[int]) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.worker.chat_template import ChatTemplate, load_chat_template
 from strata.worker.config import EngineConfig, WorkerConfig
 from strata.worker.engine.block_manager import BlockManager
 from strata.worker.engine.kv_tiers import TierBridge
@@ -23,7 +24,7 @@ from strata.worker.engine.sequence import SamplingParams, Sequence
 from strata.worker.engine.stats import EngineStats
 from strata.worker.kv_connector import KVConnector, chain_hashes, root_hash
 from strata.worker.models.llama import LlamaForCausalLM
-from strata.worker.models.loader import DTYPES, load_model
+from strata.worker.models.loader import DTYPES, ModelLoadError, load_model
 from strata.worker.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -71,10 +72,12 @@ class LLMEngine:
         model: LlamaForCausalLM,
         tokenizer: Tokenizer,
         connector: KVConnector | None = None,
+        chat_template: ChatTemplate | None = None,
     ) -> None:
         cfg = config.engine
         self.config = config
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
         self.block_size = cfg.block_size
         weights = next(model.parameters())
         device = weights.device
@@ -105,11 +108,15 @@ class LLMEngine:
         dtype = DTYPES[config.model.dtype]
         model = load_model(config.model.path, dtype, device)
         tokenizer = load_tokenizer(config.model.path, model.config.eos_token_id)
+        try:
+            chat_template = load_chat_template(config.model.path)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
         if connector is None and connect_tiers and config.kvtier.enabled:
             from strata.worker.kvtier.client import connect  # only workers with the sidecar need it
 
             connector = connect(config, block_shape(model, config.engine.block_size), dtype)
-        return cls(config, model, tokenizer, connector)
+        return cls(config, model, tokenizer, connector, chat_template)
 
     @property
     def device(self) -> torch.device:

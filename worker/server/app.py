@@ -53,7 +53,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 def _prepare(loop: EngineLoop, req: ApiRequest) -> tuple[list[int], SamplingParams]:
     engine = loop.engine
-    token_ids = engine.tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+    if isinstance(req.prompt, str):
+        token_ids = engine.tokenizer.encode(req.prompt, add_special_tokens=not req.templated)
+    else:
+        token_ids = req.prompt
     room = max(1, engine.max_context - len(token_ids))
     max_tokens = req.max_tokens or (min(16, room) if req.kind == "completion" else room)
     params = SamplingParams(
@@ -86,7 +89,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return error_response(ApiError(400, f"request body is not valid JSON: {exc}"))
     try:
-        req = parse_request(body, kind, loop.engine.config.model.name)
+        req = parse_request(body, kind, loop.engine.config.model.name, loop.engine.chat_template)
         token_ids, params = _prepare(loop, req)
         handle = loop.submit(token_ids, params, req.priority)
     except ApiError as err:

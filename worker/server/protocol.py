@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from strata.worker.chat_template import ChatTemplate, ChatTemplateError, Message, plain_transcript
+
 Kind = Literal["completion", "chat"]
 
 
@@ -38,6 +40,7 @@ class ApiRequest:
     priority: int | None
     seed: int | None
     ignore_eos: bool
+    templated: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
 
 
@@ -91,22 +94,35 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     raise _bad("prompt", "must be a non-empty string or a list of token ids (one prompt per request)")
 
 
-def render_chat(messages: Any) -> str:
-    """A plain role-tagged transcript ending with the assistant's turn."""
+def chat_messages(messages: Any) -> list[Message]:
+    """The request's messages, checked: each a known role with string content."""
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list")
-    parts = []
+    checked: list[Message] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "tool"):
             raise _bad(f"messages[{i}].role", "must be one of system, user, assistant, tool")
         content = msg.get("content")
         if not isinstance(content, str):
             raise _bad(f"messages[{i}].content", "must be a string")
-        parts.append(f"<|{msg['role']}|>\n{content}\n")
-    return "".join(parts) + "<|assistant|>\n"
+        checked.append({"role": msg["role"], "content": content})
+    return checked
 
 
-def parse_request(body: Any, kind: Kind, served_model: str) -> ApiRequest:
+def render_chat(messages: Any, template: ChatTemplate | None) -> str:
+    """The prompt in the model's chat format, or a plain transcript for models without one."""
+    checked = chat_messages(messages)
+    if template is None:
+        return plain_transcript(checked)
+    try:
+        return template.render(checked)
+    except ChatTemplateError as exc:
+        raise _bad("messages", f"the model's chat template refused them: {exc}") from exc
+
+
+def parse_request(
+    body: Any, kind: Kind, served_model: str, chat_template: ChatTemplate | None = None
+) -> ApiRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     model = body.get("model")
@@ -132,7 +148,7 @@ def parse_request(body: Any, kind: Kind, served_model: str) -> ApiRequest:
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos", "must be a boolean")
-    prompt = render_chat(body.get("messages")) if kind == "chat" else _prompt(body)
+    prompt = render_chat(body.get("messages"), chat_template) if kind == "chat" else _prompt(body)
     return ApiRequest(
         kind=kind,
         model=model,
@@ -145,6 +161,8 @@ def parse_request(body: Any, kind: Kind, served_model: str) -> ApiRequest:
         priority=_optional_int(body, "priority"),
         seed=_optional_int(body, "seed"),
         ignore_eos=ignore_eos,
+        # A rendered template already holds the model's special tokens (BOS and turn markers).
+        templated=kind == "chat" and chat_template is not None,
     )
 
 
