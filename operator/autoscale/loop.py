@@ -24,7 +24,7 @@ from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exp
 from strata.operator.autoscale.peering import is_active
 from strata.operator.autoscale.signals import Aggregate, Scrape, aggregate
 from strata.operator.events import EventSink
-from strata.operator.kube import KubeClient, KubeError, Obj
+from strata.operator.kube import KubeClient, KubeError, Obj, object_path
 from strata.operator.replicas import desired_replicas
 from strata.operator.resolve import SERVER_PORT
 
@@ -158,13 +158,17 @@ class Autoscaler:
         await self._patch_status(isvc, {"signals": signals_status(agg, datetime.now(UTC))})
 
     async def _patch_status(self, isvc: Obj, status: Mapping[str, Any]) -> None:
+        await self._merge_patch(isvc, "status", {"status": status})
+
+    async def _merge_patch(self, isvc: Obj, subresource: str, body: Mapping[str, Any]) -> None:
+        """A merge patch of one of the service's subresources under the autoscaler's own manager."""
         meta = isvc["metadata"]
-        path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{meta['namespace']}/{names.ISVC_PLURAL}"
+        path = object_path(names.API_VERSION, names.ISVC_KIND, meta["name"], meta["namespace"])
         await self.kube.request(
             "PATCH",
-            f"{path}/{meta['name']}/status",
+            f"{path}/{subresource}",
             params={"fieldManager": FIELD_MANAGER},
-            body={"status": status},
+            body=body,
             content_type=MERGE_PATCH,
         )
 
@@ -200,14 +204,7 @@ class Autoscaler:
 
     async def _apply(self, isvc: Obj, current: int, decision: Decision) -> None:
         meta = isvc["metadata"]
-        path = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{meta['namespace']}/{names.ISVC_PLURAL}"
-        await self.kube.request(
-            "PATCH",
-            f"{path}/{meta['name']}/scale",
-            params={"fieldManager": FIELD_MANAGER},
-            body={"spec": {"replicas": decision.replicas}},
-            content_type=MERGE_PATCH,
-        )
+        await self._merge_patch(isvc, "scale", {"spec": {"replicas": decision.replicas}})
         when = datetime.now(UTC)
         last = {
             "time": _rfc3339(when),
