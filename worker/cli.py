@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from pydantic import ValidationError
@@ -67,12 +66,11 @@ def _fetch(source: str, dest: str) -> int:
 
 
 def _serve(path: str, level: str) -> int:
+    from strata.worker import logs
     from strata.worker.config import WorkerConfig
     from strata.worker.models.loader import ModelLoadError
 
-    logging.basicConfig(
-        level=level.upper(), format='{"level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
-    )
+    logs.setup(level)
     try:
         config = WorkerConfig.load(path)
     except (OSError, ValidationError, ValueError) as exc:

@@ -64,7 +64,12 @@ async def test_completion_and_streaming_agree(make_engine: EngineFactory) -> Non
         body = await resp.json()
         assert body["object"] == "text_completion"
         assert body["choices"][0]["finish_reason"] == "length"
-        assert body["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 5, "total_tokens": 24}
+        assert body["usage"] == {
+            "prompt_tokens": len(PROMPT),
+            "completion_tokens": 5,
+            "total_tokens": 24,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         stream = await client.post("/v1/completions", json=completion(stream=True))
         assert stream.status == 200 and stream.headers["Content-Type"].startswith("text/event-stream")
         events = await sse_events(stream)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 from types import FrameType
 
 from pydantic import ValidationError
 
+from strata.worker import logs
 from strata.worker.config import WorkerConfig
 
 
@@ -32,7 +32,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.setup(args.log_level)
     try:
         config = WorkerConfig.load(args.config)
     except (OSError, ValueError, ValidationError) as err:

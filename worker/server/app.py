@@ -16,14 +16,27 @@ from aiohttp import web
 from strata.worker.engine.llm_engine import RequestError
 from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams
+from strata.worker.logs import REQUEST_ID
 from strata.worker.server.detok import Detokenizer
 from strata.worker.server.engine_loop import EngineLoop, RequestHandle, TokenEvent
 from strata.worker.server.metrics import WorkerMetrics
-from strata.worker.server.protocol import ApiError, ApiRequest, Kind, parse_request, response_body, usage
+from strata.worker.server.protocol import (
+    ApiError,
+    ApiRequest,
+    Kind,
+    parse_request,
+    response_body,
+    stream_chunk,
+    usage,
+    usage_chunk,
+)
+from strata.worker.server.request_id import HEADER as REQUEST_ID_HEADER
+from strata.worker.server.request_id import request_id
 
 log = logging.getLogger(__name__)
 LOOP_KEY = web.AppKey("engine_loop", EngineLoop)
 METRICS_KEY = web.AppKey("metrics", WorkerMetrics)
+REQUEST_ID_KEY = web.RequestKey("request_id", str)
 REFUSED = {"queue_timeout": 429, "queue_full": 429, "error": 500}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -36,6 +49,25 @@ def error_response(err: ApiError, retry_after_s: int | None = None) -> web.Respo
 def retry_after_s(queue_timeout_s: float) -> int:
     """A hint, not a promise: a fraction of how long the queue may take to move."""
     return max(1, math.ceil(queue_timeout_s / 10))
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every request gets an id (the caller's X-Request-Id or a new one) for its log lines."""
+    rid = request_id(request.headers)
+    request[REQUEST_ID_KEY] = rid
+    token = REQUEST_ID.set(rid)
+    try:
+        return await handler(request)
+    finally:
+        REQUEST_ID.reset(token)
+
+
+async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Before headers go out (a stream prepares its response inside the handler)."""
+    rid = request.get(REQUEST_ID_KEY)
+    if rid is not None:
+        response.headers[REQUEST_ID_HEADER] = rid
 
 
 @web.middleware
@@ -89,7 +121,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return error_response(ApiError(400, f"request body is not valid JSON: {exc}"))
     try:
-        req = parse_request(body, kind, loop.engine.config.model.name, loop.engine.chat_template)
+        name, template = loop.engine.config.model.name, loop.engine.chat_template
+        req = parse_request(body, kind, name, template, request[REQUEST_ID_KEY])
         token_ids, params = _prepare(loop, req)
         handle = loop.submit(token_ids, params, req.priority)
     except ApiError as err:
@@ -123,6 +156,25 @@ class _Relay:
         self.prompt_tokens = n
         self.completion_tokens = 0
         self.last_s = time.monotonic()
+        self.finish_reason: str | None = None
+
+    def usage(self) -> dict[str, Any]:
+        seq = self.handle.seq
+        cached = sum(seq.hit_tokens.values()) if seq is not None else 0
+        return usage(self.prompt_tokens, self.completion_tokens, cached)
+
+    def _log_done(self) -> None:
+        use = self.usage()
+        log.info(
+            "request finished",
+            extra={
+                "finish_reason": self.finish_reason,
+                "prompt_tokens": use["prompt_tokens"],
+                "completion_tokens": use["completion_tokens"],
+                "cached_tokens": use["prompt_tokens_details"]["cached_tokens"],
+                "e2e_s": round(time.monotonic() - self.handle.submitted_s, 4),
+            },
+        )
 
     def _take(self, event: TokenEvent) -> tuple[str, str | None]:
         """Text to emit and the finish reason, if this event ends the response."""
@@ -139,6 +191,8 @@ class _Relay:
         if reason is not None:
             self.metrics.e2e.observe(now - self.handle.submitted_s)
             reason = reason if reason in ("stop", "length") else "error"
+            self.finish_reason = reason
+            self._log_done()
         return text, reason
 
     async def _events(self, first: TokenEvent) -> Any:
@@ -154,10 +208,7 @@ class _Relay:
         finish: str | None = None
         async for _, reason in self._events(first):
             finish = reason
-        body = response_body(
-            self.req, self.detok.text, finish, usage(self.prompt_tokens, self.completion_tokens)
-        )
-        return web.json_response(body)
+        return web.json_response(response_body(self.req, self.detok.text, finish, self.usage()))
 
     async def stream(self, request: web.Request, first: TokenEvent) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -167,13 +218,18 @@ class _Relay:
         try:
             async for text, reason in self._events(first):
                 if text or reason is not None:
-                    chunk = response_body(self.req, text, reason, None)
-                    await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    await _send(response, stream_chunk(self.req, text, reason))
+            if self.req.include_usage:
+                await _send(response, usage_chunk(self.req, self.usage()))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:  # the client went away: stop generating, nothing to report
             self.loop.abort(self.handle)
         return response
+
+
+async def _send(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -214,7 +270,8 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 def build_app(loop: EngineLoop) -> web.Application:
     """The app; starting it starts the engine loop thread, cleaning it up stops the thread."""
-    app = web.Application(middlewares=[json_errors], client_max_size=64 * 2**20)
+    app = web.Application(middlewares=[request_ids, json_errors], client_max_size=64 * 2**20)
+    app.on_response_prepare.append(echo_request_id)
     app[LOOP_KEY] = loop
     app[METRICS_KEY] = WorkerMetrics(loop)
 

@@ -7,11 +7,11 @@ in OpenAI's error shape, so the HTTP layer only maps it to a response.
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from strata.worker.chat_template import ChatTemplate, ChatTemplateError, Message, plain_transcript
+from strata.worker.server.request_id import new_request_id
 
 Kind = Literal["completion", "chat"]
 
@@ -41,7 +41,8 @@ class ApiRequest:
     seed: int | None
     ignore_eos: bool
     templated: bool = False
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    request_id: str = field(default_factory=new_request_id)
 
 
 def _bad(param: str, reason: str) -> ApiError:
@@ -75,6 +76,23 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
         raise _bad("stop", "must be a non-empty string or a list of up to 4 of them")
     return tuple(stop)
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise _bad("stream_options", "is only allowed with stream: true")
+    if not isinstance(options, dict):
+        raise _bad("stream_options", "must be an object")
+    for key in options:
+        if key != "include_usage":
+            raise _bad(f"stream_options.{key}", "is not supported (only include_usage)")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise _bad("stream_options.include_usage", "must be a boolean")
+    return include
 
 
 def _prompt(body: dict[str, Any]) -> str | list[int]:
@@ -121,7 +139,11 @@ def render_chat(messages: Any, template: ChatTemplate | None) -> str:
 
 
 def parse_request(
-    body: Any, kind: Kind, served_model: str, chat_template: ChatTemplate | None = None
+    body: Any,
+    kind: Kind,
+    served_model: str,
+    chat_template: ChatTemplate | None = None,
+    request_id: str | None = None,
 ) -> ApiRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
@@ -163,36 +185,61 @@ def parse_request(
         ignore_eos=ignore_eos,
         # A rendered template already holds the model's special tokens (BOS and turn markers).
         templated=kind == "chat" and chat_template is not None,
+        include_usage=_include_usage(body, stream),
+        request_id=request_id or new_request_id(),
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage; ``cached_tokens``: prompt tokens served from a KV cache (any tier)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def _envelope(req: ApiRequest, streamed: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    chat_object = "chat.completion.chunk" if streamed else "chat.completion"
+    return {
+        "id": f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{req.request_id}",
+        "object": chat_object if req.kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": choices,
+    }
+
+
+def _choice(req: ApiRequest, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+    if req.kind == "chat":
+        message = {"role": "assistant", "content": text}
+        choice: dict[str, Any] = {"index": 0, "delta" if streamed else "message": message}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None}
+    choice["finish_reason"] = finish_reason
+    return choice
 
 
 def response_body(
-    req: ApiRequest, text: str, finish_reason: str | None, use: dict[str, int] | None
+    req: ApiRequest, text: str, finish_reason: str | None, use: dict[str, Any]
 ) -> dict[str, Any]:
-    """A whole response (``use`` given) or one streamed chunk (``use`` None)."""
-    if req.kind == "chat":
-        key = "delta" if use is None else "message"
-        choice: dict[str, Any] = {"index": 0, key: {"role": "assistant", "content": text}}
-        obj = "chat.completion" if use is not None else "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None}
-        obj = "text_completion"
-    choice["finish_reason"] = finish_reason
-    body: dict[str, Any] = {
-        "id": f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{req.request_id}",
-        "object": obj,
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": [choice],
-    }
-    if use is not None:
-        body["usage"] = use
+    """The whole (non-streamed) response."""
+    body = _envelope(req, False, [_choice(req, text, finish_reason, False)])
+    body["usage"] = use
+    return body
+
+
+def stream_chunk(req: ApiRequest, text: str, finish_reason: str | None) -> dict[str, Any]:
+    """One streamed chunk; with include_usage every chunk says ``usage: null`` until the last."""
+    body = _envelope(req, True, [_choice(req, text, finish_reason, True)])
+    if req.include_usage:
+        body["usage"] = None
+    return body
+
+
+def usage_chunk(req: ApiRequest, use: dict[str, Any]) -> dict[str, Any]:
+    """The extra chunk before ``[DONE]`` that stream_options.include_usage asks for."""
+    body = _envelope(req, True, [])
+    body["usage"] = use
     return body

@@ -1,0 +1,49 @@
+"""JSON log lines that survive quotes, newlines and tracebacks, with the request id on them."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from strata.worker.logs import REQUEST_ID, JsonFormatter
+from strata.worker.server.request_id import request_id
+
+
+def record(msg: str, *args: object, exc: bool = False, **extra: object) -> logging.LogRecord:
+    exc_info = None
+    if exc:
+        try:
+            raise ValueError('bad "value"\nsecond line')
+        except ValueError:
+            import sys
+
+            exc_info = sys.exc_info()
+    rec = logging.LogRecord("strata.test", logging.ERROR, __file__, 1, msg, args, exc_info)
+    rec.__dict__.update(extra)
+    return rec
+
+
+def test_quotes_newlines_and_tracebacks_stay_one_json_line() -> None:
+    line = JsonFormatter().format(record('said "%s"\nthen left', "hi", exc=True, tokens=3))
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["msg"] == 'said "hi"\nthen left' and entry["level"] == "ERROR"
+    assert entry["tokens"] == 3 and entry["logger"] == "strata.test"
+    assert 'ValueError: bad "value"' in entry["exc"] and "Traceback" in entry["exc"]
+
+
+def test_request_id_from_the_context() -> None:
+    token = REQUEST_ID.set("req-1")
+    try:
+        assert json.loads(JsonFormatter().format(record("x")))["request_id"] == "req-1"
+    finally:
+        REQUEST_ID.reset(token)
+    assert "request_id" not in json.loads(JsonFormatter().format(record("x")))
+
+
+def test_request_id_header_is_kept_when_well_formed() -> None:
+    assert request_id({"X-Request-Id": "abc-1.2:3"}) == "abc-1.2:3"
+    for forged in ("", 'a" "b', "x" * 129, "a\nb"):
+        fresh = request_id({"X-Request-Id": forged})
+        assert fresh != forged and len(fresh) == 32
+    assert request_id({}) != request_id({})
