@@ -10,6 +10,7 @@ COPY pyproject.toml README.md ./
 COPY strata ./strata
 COPY operator ./operator
 COPY worker ./worker
+COPY router ./router
 
 FROM base AS operator
 # The operator extra never pulls torch (tests/foundation checks the import graph).

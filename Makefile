@@ -22,8 +22,8 @@ cluster-bins:
 	tools/clusterbins/build.sh $(abspath $(BIN))
 
 lint: venv
-	$(VENV)/bin/ruff check strata operator worker tests bench
-	$(VENV)/bin/ruff format --check strata operator worker tests bench
+	$(VENV)/bin/ruff check strata operator worker router tests bench
+	$(VENV)/bin/ruff format --check strata operator worker router tests bench
 	$(VENV)/bin/mypy strata tests bench
 
 test: venv cluster-bins lint
