@@ -1,7 +1,7 @@
 """Operator at scale: 300 InferenceServices on 50 fake GPU nodes, from apply to Ready.
 
 Starts its own control plane (KWOK nodes), runs the operator as the chart's ServiceAccount
-(as in the end-to-end tests), applies every service at once across 10 tenant namespaces, and
+(strata.stack, as in the end-to-end tests), applies every service at once across 10 tenant namespaces, and
 polls until each is Ready. Ready means the operator rendered and applied every child, the
 scheduler placed the GPU pod, KWOK ran it, and the operator saw the ready replica and wrote
 status: the whole path a tenant waits for, minus image pulls and model loading."""
@@ -19,7 +19,7 @@ from typing import Any
 
 from strata.cluster import Cluster, ClusterConfig, launch
 from strata.cluster.binaries import find_bin_dir
-from tests.operator.e2e import OperatorProcess, inference_service, install_operator_rbac
+from strata.stack import OperatorProcess, inference_service, install_chart
 
 SERVICES = 300
 NODES = 50
@@ -32,7 +32,7 @@ def run() -> dict[str, Any]:
         cluster = launch(Path(tmp) / "cluster", ClusterConfig(gpu_nodes=4), bin_dir=find_bin_dir())
         try:
             cluster.add_gpu_nodes(NODES - 4, timeout_s=300)
-            operator = OperatorProcess(install_operator_rbac(cluster), Path(tmp) / "operator.log").start()
+            operator = OperatorProcess(install_chart(cluster), Path(tmp) / "operator.log").start()
             try:
                 return measure(cluster, operator)
             finally:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from strata import stack
 from strata.cluster import binaries
 from strata.cluster import cli as cluster_cli
 from strata.demo import dataplane, platform
@@ -28,9 +29,9 @@ def up(directory: Path) -> int:
     step("1/6 control plane: etcd, kube-apiserver (RBAC), controller-manager, scheduler, 4 KWOK GPU nodes")
     cluster = platform.start_cluster(directory / "cluster")
     step("2/6 helm install charts/strata: CRDs, admission policy, RBAC, ServiceTiers premium/standard/batch")
-    sa_kubeconfig = platform.install_chart(cluster)
+    sa_kubeconfig = stack.install_chart(cluster)
     step("3/6 the operator, as the chart's ServiceAccount (least-privilege RBAC)")
-    worker_port = platform.free_port()
+    worker_port = stack.free_port()
     platform.start_operator(detached, sa_kubeconfig, f"127.0.0.1:{worker_port}")
     step(f"4/6 a tenant applies an InferenceService ({platform.TENANT}/{platform.SERVICE}, tier premium)")
     platform.apply_service(cluster)

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from strata.demo.detached import Detached
-from strata.demo.platform import free_port
+from strata.stack import free_port
 from strata.worker.config import WorkerConfig
 from strata.worker.fetch import fetch_model
 

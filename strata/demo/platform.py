@@ -3,33 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from strata.cluster import binaries
+from strata import stack
 from strata.cluster import cli as cluster_cli
-from strata.cluster.cluster import Cluster, KubectlError
+from strata.cluster.cluster import Cluster
 from strata.demo.detached import Detached
 
-ROOT = binaries.REPO_ROOT
-RELEASE = "strata"
-SYSTEM_NAMESPACE = "strata-system"
 TENANT = "tenant-a"
 SERVICE = "chat"
 SERVICE_MANIFEST = Path(__file__).with_name("chat.yaml")
 AUTOSCALE_INTERVAL_S = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_cluster(directory: Path) -> Cluster:
@@ -38,62 +24,22 @@ def start_cluster(directory: Path) -> Cluster:
     return Cluster.attach(directory)
 
 
-def install_chart(cluster: Cluster) -> Path:
-    """`helm upgrade --install` of charts/strata with no operator pods (fake nodes run no
-    containers: the operator runs on this machine instead), as its own ServiceAccount."""
-    helm = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig)]
-    chart = str(ROOT / "charts" / "strata")
-    args = ["upgrade", "--install", RELEASE, chart, "-n", SYSTEM_NAMESPACE, "--create-namespace"]
-    done = subprocess.run(
-        [*helm, *args, "--set", "operator.replicas=0"], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"helm {' '.join(args)} failed: {done.stderr.strip()}")
-    return cluster.service_account_kubeconfig(SYSTEM_NAMESPACE, RELEASE)
-
-
 def start_operator(detached: Detached, kubeconfig: Path, worker_address: str) -> int:
-    """The operator as the chart's ServiceAccount; returns its metrics port. Fake pods have fake
-    IPs, so the autoscaler scrapes the one worker running here (``worker_address``) instead."""
-    metrics, liveness = free_port(), free_port()
-    env = {
-        **os.environ,
-        "STRATA_NVME_VOLUME": "hostPath",
-        "STRATA_NVME_HOST_PATH": "/var/lib/strata/nvme",
-        "STRATA_SCRAPE_ADDRESS": worker_address,
-        "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S),
-    }
-    detached.start(
-        "operator",
-        [
-            sys.executable,
-            "-m",
-            "strata",
-            "operator",
-            f"--kubeconfig={kubeconfig}",
-            f"--metrics-port={metrics}",
-            f"--liveness=http://127.0.0.1:{liveness}/healthz",
-            "--log-format=plain",
-        ],
-        env=env,
+    """The operator as the chart's ServiceAccount, left running; returns its metrics port. Fake
+    pods have fake IPs, so the autoscaler scrapes the one worker running here instead."""
+    metrics, liveness = stack.free_port(), stack.free_port()
+    env = stack.operator_env(
+        {"STRATA_SCRAPE_ADDRESS": worker_address, "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S)}
     )
+    argv = stack.operator_argv(kubeconfig, metrics, liveness, "--log-format=plain")
+    detached.start("operator", argv, env=env)
     return metrics
 
 
-def apply_service(cluster: Cluster, timeout_s: float = 120.0) -> None:
-    """Create the tenant and its service. Right after install the admission policy refuses writes
-    until its ServiceTier parameter is resolvable (~20 s), so retry that refusal only."""
+def apply_service(cluster: Cluster) -> None:
+    """Create the tenant and its service (install_chart waited until services are admitted)."""
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TENANT}})
-    manifest = SERVICE_MANIFEST.read_text()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            cluster.kubectl("apply", "-n", TENANT, "-f", "-", input=manifest)
-            return
-        except KubectlError as exc:
-            if "paramKind" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(2)
+    cluster.kubectl("apply", "-n", TENANT, "-f", "-", input=SERVICE_MANIFEST.read_text())
 
 
 def wait_ready(cluster: Cluster, timeout_s: int = 180) -> None:

@@ -15,8 +15,15 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from strata.cluster.cluster import Cluster
-
-from .e2e import OperatorProcess, events, get, inference_service, operator_running, wait_for, wait_ready
+from strata.stack import (
+    OperatorProcess,
+    events,
+    get,
+    inference_service,
+    operator_running,
+    wait_for,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.cluster
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # the worker's

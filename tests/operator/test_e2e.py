@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from strata.cluster.cluster import Cluster
-
-from .e2e import (
+from strata.stack import (
+    NVME_HOST_PATH,
     OperatorProcess,
     condition,
     events,
@@ -91,7 +91,7 @@ def test_create_runs_hardened_gpu_pods_with_the_kv_sidecar(cluster: Cluster, nam
     assert sidecar["restartPolicy"] == "Always"
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1280Mi"}
-    assert volumes["nvme"]["hostPath"]["path"] == "/var/lib/strata-e2e/nvme"
+    assert volumes["nvme"]["hostPath"]["path"] == NVME_HOST_PATH
     assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["seccompProfile"]["type"] == (
         "RuntimeDefault"
     )

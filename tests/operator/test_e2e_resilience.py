@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from strata.cluster.cluster import Cluster
-
-from .e2e import OperatorProcess, get, inference_service, install_operator_rbac, items, wait_for, wait_ready
+from strata.stack import OperatorProcess, get, inference_service, install_chart, items, wait_for, wait_ready
 
 pytestmark = pytest.mark.cluster
 
@@ -19,7 +18,7 @@ CHILD_KINDS = {"deployments": 1, "services": 2, "configmaps": 1, "poddisruptionb
 
 @pytest.fixture(scope="module")
 def kubeconfig(cluster: Cluster) -> Path:
-    return install_operator_rbac(cluster)
+    return install_chart(cluster)
 
 
 def assert_exactly_one_set_of_children(cluster: Cluster, namespace: str, names: list[str]) -> None:
