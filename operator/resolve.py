@@ -30,6 +30,9 @@ from strata.worker.config import (
 MODEL_DIR = "/models"
 SERVER_PORT = 8000
 KV_METRICS_PORT = 8001
+# How long a draining worker waits for its longest generation, on top of its queue timeout: a
+# long answer (thousands of tokens) on a busy GPU. The pod's grace period is derived from it.
+GENERATION_BUDGET_S = 120.0
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_TIER_NOT_FOUND = "TierNotFound"
@@ -144,6 +147,15 @@ def _worker_config(
 ) -> WorkerConfig:
     spec, policy = isvc.spec, tier.spec.cache
     shared_bytes = parse_size(policy.shared.size_per_service) if spec.cache.shared else 0
+    engine = EngineConfig(
+        device="cuda" if spec.resources.gpus > 0 else "cpu",
+        block_size=spec.engine.block_size,
+        kv_memory_fraction=policy.hbm.kv_fraction,
+        max_num_seqs=spec.engine.max_num_seqs,
+        max_batched_tokens=spec.engine.max_batched_tokens,
+        # As many torch threads as CPUs granted: oversubscribed threads slow decode severalfold.
+        cpu_threads=max(1, parse_milli(spec.resources.cpu) // 1000),
+    )
     return WorkerConfig(
         model=ModelConfig(
             name=spec.model.name,
@@ -151,16 +163,8 @@ def _worker_config(
             dtype=spec.model.dtype,
             max_context_tokens=spec.model.max_context_tokens,
         ),
-        engine=EngineConfig(
-            device="cuda" if spec.resources.gpus > 0 else "cpu",
-            block_size=spec.engine.block_size,
-            kv_memory_fraction=policy.hbm.kv_fraction,
-            max_num_seqs=spec.engine.max_num_seqs,
-            max_batched_tokens=spec.engine.max_batched_tokens,
-            # As many torch threads as CPUs granted: oversubscribed threads slow decode severalfold.
-            cpu_threads=max(1, parse_milli(spec.resources.cpu) // 1000),
-        ),
-        server=ServerConfig(port=SERVER_PORT),
+        engine=engine,
+        server=ServerConfig(port=SERVER_PORT, drain_timeout_s=engine.queue_timeout_s + GENERATION_BUDGET_S),
         kvtier=KVTierConfig(
             enabled=bool(dram or nvme or spec.cache.shared),
             dram=DramTierConfig(capacity_bytes=dram, eviction=policy.dram.eviction),

@@ -14,6 +14,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# After server.drain_timeout_s the requests still running are cut off; the worker (and then the
+# KV-tier sidecar) exits within this many seconds more. The pod's grace period covers both.
+DRAIN_CUTOFF_S = 10.0
+
 EvictionPolicy = Literal["lru", "prefix-aware"]
 WriteMode = Literal["write-through", "write-back"]
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -60,6 +64,13 @@ class EngineConfig(_Strict):
 class ServerConfig(_Strict):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535, description="HTTP port: OpenAI API, /health, /ready, /metrics.")
+    drain_timeout_s: float = Field(
+        150.0,
+        gt=0,
+        description="After SIGTERM, how long accepted requests (queued and streaming) get to finish before "
+        "the rest are cut off: engine.queue_timeout_s plus the longest generation. The pod's grace period "
+        "must exceed it.",
+    )
 
 
 class DramTierConfig(_Strict):

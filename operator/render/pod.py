@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 from strata.operator import names
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest, bytes_quantity
 from strata.operator.render.configmap import config_hash
 from strata.operator.render.volumes import engine_mounts, render_volumes, sidecar_mounts
 from strata.operator.settings import OperatorSettings
+from strata.worker.config import DRAIN_CUTOFF_S
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -17,6 +20,8 @@ SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
 SIDECAR_CPU = "500m"
 # Loading weights can take minutes; the startup probe holds liveness off for up to 15 minutes.
 STARTUP_PROBE_BUDGET_S = 900
+# The KV-tier sidecar stops after the engine has exited: close its stores, flush the NVMe index.
+SIDECAR_STOP_S = 5.0
 
 
 def render_pod_template(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
@@ -25,7 +30,7 @@ def render_pod_template(plan: ServicePlan, settings: OperatorSettings) -> Manife
         "priorityClassName": plan.priority_class,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": grace_period_s(plan),
         "securityContext": pod_security_context(settings),
         "nodeSelector": node_selector(plan),
         "tolerations": tolerations(settings),
@@ -40,6 +45,12 @@ def render_pod_template(plan: ServicePlan, settings: OperatorSettings) -> Manife
         "metadata": {"labels": labels, "annotations": {names.ANNOTATION_CONFIG_HASH: config_hash(plan)}},
         "spec": spec,
     }
+
+
+def grace_period_s(plan: ServicePlan) -> int:
+    """SIGTERM to SIGKILL: the worker's drain (queue timeout + longest generation), the cut-off
+    of whatever is still running after it, then the sidecar's stop."""
+    return math.ceil(plan.worker.server.drain_timeout_s + DRAIN_CUTOFF_S + SIDECAR_STOP_S)
 
 
 def engine_container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:

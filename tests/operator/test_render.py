@@ -11,15 +11,15 @@ from strata.operator import names
 from strata.operator.plan import OwnerRef
 from strata.operator.render.configmap import config_hash, render_configmap
 from strata.operator.render.pdb import max_unavailable, render_pdb
-from strata.operator.render.pod import GPU_RESOURCE, render_pod_template
+from strata.operator.render.pod import GPU_RESOURCE, SIDECAR_STOP_S, render_pod_template
 from strata.operator.render.priorityclass import render_priorityclass
 from strata.operator.render.services import render_client_service, render_metrics_service
 from strata.operator.render.storage import render_shared_claim
 from strata.operator.render.volumes import SHM_HEADROOM_BYTES
 from strata.operator.render.workload import render_workload
-from strata.operator.resolve import ResolveInput, resolve
+from strata.operator.resolve import GENERATION_BUDGET_S, ResolveInput, resolve
 from strata.operator.settings import OperatorSettings
-from strata.worker.config import WorkerConfig
+from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
 
 from .factories import NS_UID, isvc_body, tier_body
 
@@ -83,6 +83,18 @@ def test_engine_requests_gpus_and_probes_the_worker(tier):
     assert engine["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert engine["command"] == ["strata", "worker", "serve", "--config", "/etc/strata/worker.yaml"]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_grace_period_covers_the_worker_drain_and_the_sidecar_stop(tier):
+    plan, settings = make(tier)
+    server, engine = plan.worker.server, plan.worker.engine
+    # The drain waits out a queued request's queue timeout, then its generation.
+    assert server.drain_timeout_s == engine.queue_timeout_s + GENERATION_BUDGET_S
+    grace = render_pod_template(plan, settings)["spec"]["terminationGracePeriodSeconds"]
+    assert isinstance(grace, int)
+    assert grace >= server.drain_timeout_s + DRAIN_CUTOFF_S + SIDECAR_STOP_S
+    assert grace < server.drain_timeout_s + DRAIN_CUTOFF_S + SIDECAR_STOP_S + 1
 
 
 def test_kvtier_is_a_native_sidecar_after_the_model_fetcher():

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from strata.worker import logs
-from strata.worker.config import WorkerConfig
+from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
+
+if TYPE_CHECKING:
+    from strata.worker.kvtier.server import Sidecar
+
+log = logging.getLogger(__name__)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -49,12 +57,43 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as err:  # an unwritable path, a port in use: say so, no traceback
         print(f"strata kvtier: cannot start: {err}", file=sys.stderr)
         return 1
+    received: list[signal.Signals] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum))
         sidecar.request_stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     sidecar.wait()
-    sidecar.stop()
+    _drain(
+        sidecar,
+        received[0] if received else None,
+        config.server.drain_timeout_s + DRAIN_CUTOFF_S,
+        lambda: len(received) > 1,
+    )
     return 0
+
+
+def _drain(sidecar: Sidecar, sig: signal.Signals | None, timeout_s: float, cut: Callable[[], bool]) -> None:
+    """Keep serving until the engine has disconnected (it may still be draining its requests,
+    when both got SIGTERM at once), then stop and say what the tiers held."""
+    name = sig.name if sig is not None else "stop"
+    open_now = sidecar.connections
+    log.info(
+        "%s: %d engine connections open; serving until they close, up to %.0f s",
+        name,
+        open_now,
+        timeout_s,
+        extra={"event": "shutdown", "signal": name, "connections": open_now, "timeout_s": timeout_s},
+    )
+    clean = sidecar.wait_disconnected(timeout_s, cut)
+    tiers = sidecar.service.stats().get("tiers", {})
+    sidecar.stop()
+    blocks = {tier: held["blocks"] for tier, held in tiers.items()} if isinstance(tiers, dict) else {}
+    log.info(
+        "stopped: %s; blocks held %s",
+        "engine disconnected" if clean else f"{sidecar.connections} connections cut",
+        blocks,
+        extra={"event": "stopped", "engine_disconnected": clean, "blocks": blocks},
+    )

@@ -9,6 +9,7 @@ import os
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,24 @@ class Sidecar:
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    @property
+    def connections(self) -> int:
+        """Open protocol connections: each is an engine (or a tool) still using the tiers."""
+        server = self._server
+        if server is None:
+            return 0
+        with server.connections_lock:
+            return len(server.connections)
+
+    def wait_disconnected(self, timeout_s: float, cut: Callable[[], bool]) -> bool:
+        """Block until no connection is open (True), the timeout passes or ``cut()`` (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.connections:
+            if cut() or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def wait(self) -> None:
         self._stop.wait()

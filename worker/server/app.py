@@ -18,6 +18,7 @@ from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams
 from strata.worker.logs import REQUEST_ID
 from strata.worker.server.detok import Detokenizer
+from strata.worker.server.drain import Drain, Outcome
 from strata.worker.server.engine_loop import EngineLoop, RequestHandle, TokenEvent
 from strata.worker.server.metrics import WorkerMetrics
 from strata.worker.server.protocol import (
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 LOOP_KEY = web.AppKey("engine_loop", EngineLoop)
 METRICS_KEY = web.AppKey("metrics", WorkerMetrics)
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
-REFUSED = {"queue_timeout": 429, "queue_full": 429, "error": 500}
+DRAIN_KEY = web.AppKey("drain", Drain)
+REFUSED = {"queue_timeout": 429, "queue_full": 429, "error": 500, "shutdown": 503}
+DRAINING_MESSAGE = "server shutting down: this replica is draining and takes no new requests; retry another"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -105,16 +108,37 @@ def _prepare(loop: EngineLoop, req: ApiRequest) -> tuple[list[int], SamplingPara
     return token_ids, params
 
 
+def draining_response() -> web.Response:
+    """503 for work that arrives (or was cut off) while the replica shuts down; Connection:
+    close so a keep-alive client's retry opens a new connection, to another replica."""
+    response = error_response(ApiError(503, DRAINING_MESSAGE, kind="service_unavailable"), 1)
+    response.force_close()
+    return response
+
+
 def _refusal(loop: EngineLoop, metrics: WorkerMetrics, reason: str) -> web.Response:
     metrics.rejected.labels(reason).inc()
     if reason == "error":
         return error_response(ApiError(500, "the engine failed on this request", kind="server_error"))
+    if reason == "shutdown":
+        return draining_response()
     message = "server busy: request queue is full" if reason == "queue_full" else "server busy: queue timeout"
     retry = retry_after_s(loop.engine.config.engine.queue_timeout_s)
     return error_response(ApiError(429, message, kind="rate_limit_error"), retry)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
+    drain = request.app[DRAIN_KEY]
+    if drain.draining:
+        request.app[METRICS_KEY].rejected.labels("shutdown").inc()
+        return draining_response()
+    with drain.track() as outcome:
+        response = await _generate_tracked(request, kind, outcome)
+        outcome.status = response.status
+        return response
+
+
+async def _generate_tracked(request: web.Request, kind: Kind, outcome: Outcome) -> web.StreamResponse:
     loop, metrics = request.app[LOOP_KEY], request.app[METRICS_KEY]
     try:
         body = await request.json()
@@ -123,6 +147,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     try:
         name, template = loop.engine.config.model.name, loop.engine.chat_template
         req = parse_request(body, kind, name, template, request[REQUEST_ID_KEY])
+        if req.stream:
+            request.app[DRAIN_KEY].mark_stream(outcome)
         token_ids, params = _prepare(loop, req)
         handle = loop.submit(token_ids, params, req.priority)
     except ApiError as err:
@@ -258,6 +284,8 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     loop = request.app[LOOP_KEY]
+    if request.app[DRAIN_KEY].draining:
+        return web.json_response({"status": "draining"}, status=503)
     if loop.alive:
         return web.json_response({"status": "ready", "model": loop.engine.config.model.name})
     return web.json_response({"status": "engine loop not running"}, status=503)
@@ -268,11 +296,13 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
-def build_app(loop: EngineLoop) -> web.Application:
-    """The app; starting it starts the engine loop thread, cleaning it up stops the thread."""
+def build_app(loop: EngineLoop, drain: Drain | None = None) -> web.Application:
+    """The app; starting it starts the engine loop thread, cleaning it up stops the thread.
+    ``drain`` is the shutdown state that main.py's signal handling begins."""
     app = web.Application(middlewares=[request_ids, json_errors], client_max_size=64 * 2**20)
     app.on_response_prepare.append(echo_request_id)
     app[LOOP_KEY] = loop
+    app[DRAIN_KEY] = drain or Drain()
     app[METRICS_KEY] = WorkerMetrics(loop)
 
     async def start(app: web.Application) -> None:

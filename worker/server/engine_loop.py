@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TokenEvent:
     token_ids: list[int]
-    finish_reason: str | None  # set on the last event: stop, length, queue_timeout, queue_full, error
+    # Set on the last event: stop, length, queue_timeout, queue_full, error, shutdown.
+    finish_reason: str | None
 
 
 @dataclass(eq=False)
@@ -42,6 +43,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._inbox: list[RequestHandle] = []
         self._aborts: list[RequestHandle] = []
+        self._abort_all: str | None = None  # a finish reason: end everything in flight with it
         self._live: dict[int, RequestHandle] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -87,6 +89,12 @@ class EngineLoop:
             self._aborts.append(handle)
         self._wake.set()
 
+    def abort_all(self, reason: str) -> None:
+        """End every request in flight or queued with ``reason`` (the drain timed out)."""
+        with self._lock:
+            self._abort_all = reason
+        self._wake.set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain()
@@ -114,6 +122,12 @@ class EngineLoop:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
+            abort_all, self._abort_all = self._abort_all, None
+        if abort_all is not None:
+            for handle in inbox:
+                self._emit(handle, TokenEvent([], abort_all))
+            self._fail_all(abort_all)
+            return
         for handle in inbox:
             try:
                 handle.seq = self.engine.add_request(handle.token_ids, handle.params, handle.priority)
@@ -128,10 +142,10 @@ class EngineLoop:
             if handle.seq is not None and self._live.pop(handle.seq.seq_id, None) is not None:
                 self.engine.abort(handle.seq.seq_id)
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, reason: str = "error") -> None:
         for seq_id, handle in list(self._live.items()):
             self.engine.abort(seq_id)
-            self._emit(handle, TokenEvent([], "error"))
+            self._emit(handle, TokenEvent([], reason))
         self._live.clear()
 
     def _emit(self, handle: RequestHandle, event: TokenEvent) -> None:
