@@ -22,6 +22,8 @@ from strata.operator import names
 from strata.operator.autoscale.decide import Decision, History, Observation, Policy, decide
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.autoscale.peering import is_active
+from strata.operator.autoscale.pods import MERGE_PATCH, list_pods, metrics_url, ready
+from strata.operator.autoscale.scalein import ScaleIn
 from strata.operator.autoscale.signals import Aggregate, Scrape, aggregate
 from strata.operator.events import EventSink
 from strata.operator.kube import KubeClient, KubeError, Obj, object_path
@@ -29,7 +31,6 @@ from strata.operator.replicas import desired_replicas
 from strata.operator.resolve import SERVER_PORT
 
 log = logging.getLogger(__name__)
-MERGE_PATCH = "application/merge-patch+json"
 # Its own field manager: the reconciler's server-side apply of status must not own (and so
 # drop) the fields written here.
 FIELD_MANAGER = "strata-autoscaler"
@@ -59,6 +60,10 @@ class Autoscaler:
     histories: dict[str, History] = field(default_factory=dict)
     _http: aiohttp.ClientSession | None = None
     _limit: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SCRAPE_CONCURRENCY))
+    scale_in: ScaleIn = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scale_in = ScaleIn(self.kube, self._get_sidecar_text)
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -99,6 +104,7 @@ class Autoscaler:
             self.scrapes[uid] = current
             if previous is None:
                 return uid  # priming: deltas need two scrapes
+            self.scale_in.observe(previous, current)
             agg = aggregate(previous, current)
             await self._write_signals(isvc, agg)
             if (isvc.get("spec", {}).get("autoscaling") or {}).get("mode", "builtin") == "builtin":
@@ -125,29 +131,36 @@ class Autoscaler:
         return is_active(peers, self.peering.priority, datetime.now(UTC))
 
     async def _scrape_pods(self, namespace: str, name: str) -> dict[str, PodSample]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(names.selector_labels(name).items()))
-        listed = await self.kube.request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}
-        )
-        pods = [p for p in listed.get("items", []) if _ready(p)]
+        pods = [p for p in await list_pods(self.kube, namespace, name) if ready(p)]
         results = await asyncio.gather(*(self._scrape(p) for p in pods))
         return {uid: sample for uid, sample in results if sample is not None}
 
     async def _scrape(self, pod: Obj) -> tuple[str, PodSample | None]:
         uid = str(pod["metadata"]["uid"])
         ip = str(pod["status"]["podIP"])
-        address = self.scrape_address or (f"[{ip}]" if ":" in ip else ip) + f":{SERVER_PORT}"
-        url = f"http://{address}/metrics"
+        url = f"http://{self.scrape_address}/metrics" if self.scrape_address else metrics_url(ip, SERVER_PORT)
+        text = await self._get_text(url)
+        try:
+            return uid, parse_exposition(text) if text is not None else None
+        except MetricsError as exc:
+            log.debug("autoscaler: metrics of %s (%s) unreadable: %s", pod["metadata"]["name"], url, exc)
+            return uid, None
+
+    async def _get_text(self, url: str) -> str | None:
+        """GET under the scrape limit: the body, or None (logged at debug level) on any failure."""
         async with self._limit:
             try:
-                session = self._session()
-                async with session.get(url) as resp:
+                async with self._session().get(url) as resp:
                     if resp.status != 200:
                         raise MetricsError(f"HTTP {resp.status}")
-                    return uid, parse_exposition(await resp.text())
+                    return await resp.text()
             except (aiohttp.ClientError, TimeoutError, MetricsError) as exc:
-                log.debug("autoscaler: scrape of %s (%s) failed: %s", pod["metadata"]["name"], url, exc)
-                return uid, None
+                log.debug("autoscaler: GET %s failed: %s", url, exc)
+                return None
+
+    async def _get_sidecar_text(self, url: str) -> str | None:
+        # With the testing scrape_address the pod IPs are fake (KWOK): nothing may dial them.
+        return None if self.scrape_address else await self._get_text(url)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
@@ -204,6 +217,10 @@ class Autoscaler:
 
     async def _apply(self, isvc: Obj, current: int, decision: Decision) -> None:
         meta = isvc["metadata"]
+        if 0 < decision.replicas < current:  # the coldest pod goes first
+            latest = self.scrapes.get(str(meta["uid"]))
+            order = await self.scale_in.prepare(isvc, latest, self.clock())
+            self.events(isvc, "Normal", "ScaleInOrder", order)
         await self._merge_patch(isvc, "scale", {"spec": {"replicas": decision.replicas}})
         when = datetime.now(UTC)
         last = {
@@ -226,13 +243,6 @@ def signals_status(agg: Aggregate, now: datetime) -> dict[str, Any]:
         "prefixHitRatio": {t: round(r, 4) for t, r in agg.prefix_hit_ratio.items()} or None,
         "observedAt": _rfc3339(now),
     }
-
-
-def _ready(pod: Obj) -> bool:
-    status = pod.get("status") or {}
-    if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def _rfc3339(when: datetime) -> str:

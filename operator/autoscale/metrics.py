@@ -18,6 +18,8 @@ TTFT_BUCKET = P + "time_to_first_token_seconds_bucket"
 TTFT_COUNT = P + "time_to_first_token_seconds_count"
 PREFIX_HITS = P + "prefix_hit_tokens_total"
 PROMPT_TOKENS = P + "prompt_tokens_total"
+CACHED_BLOCKS = P + "kv_cached_blocks"
+TIER_BLOCKS = "strata_kvtier_blocks"  # the KV-tier sidecar's, on its own metrics port
 
 
 class MetricsError(ValueError):
@@ -35,6 +37,7 @@ class PodSample:
     ttft_count: float = 0.0
     prefix_hit_tokens: Mapping[str, float] = field(default_factory=dict)
     prompt_tokens: float = 0.0
+    kv_cached_blocks: float | None = None  # HBM blocks holding a reusable prefix
 
 
 def parse_exposition(text: str) -> PodSample:
@@ -48,6 +51,7 @@ def parse_exposition(text: str) -> PodSample:
     ttft_count = 0.0
     hits: dict[str, float] = {}
     prompt = 0.0
+    cached: float | None = None
     for family in families:
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
@@ -66,6 +70,8 @@ def parse_exposition(text: str) -> PodSample:
                 hits[tier] = value
             elif name == PROMPT_TOKENS:
                 prompt = value
+            elif name == CACHED_BLOCKS:
+                cached = value
     if kv is None and not buckets:
         raise MetricsError(f"neither {KV_USAGE} nor {TTFT_BUCKET} in the exposition: not a Strata worker")
     if buckets and math.inf not in buckets:
@@ -77,7 +83,25 @@ def parse_exposition(text: str) -> PodSample:
         ttft_count=ttft_count,
         prefix_hit_tokens=hits,
         prompt_tokens=prompt,
+        kv_cached_blocks=cached,
     )
+
+
+def parse_tier_blocks(text: str) -> dict[str, float]:
+    """Blocks each tier of a KV-tier sidecar holds, from its exposition."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsError(f"not Prometheus text exposition: {exc}") from None
+    blocks = {
+        str(sample.labels.get("tier")): float(sample.value)
+        for family in families
+        for sample in family.samples
+        if sample.name == TIER_BLOCKS and sample.labels.get("tier")
+    }
+    if not blocks:
+        raise MetricsError(f"no {TIER_BLOCKS} in the exposition: not a Strata KV-tier sidecar")
+    return blocks
 
 
 def _bound(le: str) -> float:

@@ -15,7 +15,8 @@ from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeClient, Obj
 
 EXPOSITION = """\
-strata_worker_kv_cache_usage_ratio 0.95
+strata_worker_kv_cache_usage_ratio {kv}
+strata_worker_kv_cached_blocks 3
 strata_worker_queue_length 1
 strata_worker_time_to_first_token_seconds_bucket{{le="1.0"}} 0
 strata_worker_time_to_first_token_seconds_bucket{{le="+Inf"}} {count}
@@ -70,14 +71,14 @@ class FakeKube(KubeClient):
 
 
 @asynccontextmanager
-async def metrics_server() -> AsyncIterator[str]:
+async def metrics_server(kv: float = 0.95) -> AsyncIterator[str]:
     """A worker's /metrics whose counters grow on every scrape; in the test's own event loop."""
     scrapes = {"n": 0}
 
     async def metrics(_: web.Request) -> web.Response:
         scrapes["n"] += 1
         n = scrapes["n"]
-        return web.Response(text=EXPOSITION.format(count=10 * n, prompt=100 * n, hits=40 * n))
+        return web.Response(text=EXPOSITION.format(kv=kv, count=10 * n, prompt=100 * n, hits=40 * n))
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -157,3 +158,26 @@ async def test_a_standby_replica_neither_scrapes_nor_remembers() -> None:
         await scaler.tick()
         await scaler.close()
         assert kube.patches == [] and scaler.scrapes == {}
+
+
+async def test_a_scale_down_ranks_the_pods_by_cache_before_lowering_replicas() -> None:
+    async with metrics_server(kv=0.05) as address:
+        kube = FakeKube("builtin")
+        kube.tier = {
+            "spec": {
+                "autoscaling": {"targetKvCacheUsage": 0.5, "scaleDownStabilizationSeconds": 0},
+                "slo": {"ttftP95Ms": 100_000},
+            }
+        }
+        scaler = autoscaler(kube, address)
+        await scaler.tick()
+        await scaler.tick()
+        await scaler.close()
+        order = [what for what, _ in kube.patches if what != "status"]
+        assert order == ["a", "scale"]  # the ready pod's cost first, then the replica count
+        annotations = kube.patches[[w for w, _ in kube.patches].index("a")][1]["metadata"]["annotations"]
+        # 40 HBM hit tokens in the interval + 3 cached blocks x 16 tokens
+        assert annotations == {"controller.kubernetes.io/pod-deletion-cost": "88"}
+        assert isinstance(scaler.events, RecordedEvents)
+        assert scaler.events.reasons() == ["ScaleInOrder", "Scaled"]
+        assert scaler.events.events[0][3].startswith("coldest first: a goes first")

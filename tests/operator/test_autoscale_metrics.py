@@ -16,7 +16,7 @@ from strata.worker.server.metrics import LATENCY_BUCKETS, WorkerMetrics
 def worker_exposition(usage: float, ttfts: list[float], hits: dict[Tier, int], prompt: int) -> str:
     stats = EngineStats(prompt_tokens=prompt)
     stats.hit_tokens.update(hits)
-    engine = SimpleNamespace(blocks=SimpleNamespace(usage=usage), stats=stats)
+    engine = SimpleNamespace(blocks=SimpleNamespace(usage=usage, num_cached_blocks=7), stats=stats)
     metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=3, num_running=2))  # type: ignore[arg-type]
     for seconds in ttfts:
         metrics.ttft.observe(seconds)
@@ -29,6 +29,7 @@ def test_parses_the_workers_own_exposition():
     assert sample.kv_usage == 0.625
     assert sample.requests_waiting == 3
     assert sample.prompt_tokens == 200
+    assert sample.kv_cached_blocks == 7
     assert sample.prefix_hit_tokens == {"hbm": 40, "dram": 10, "nvme": 0, "shared": 0}
     assert sample.ttft_count == 4
     bounds = [b for b, _ in sample.ttft_buckets]

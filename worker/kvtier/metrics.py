@@ -30,6 +30,7 @@ class TierMetrics:
             return Counter(_PREFIX + name, doc, ["tier"], registry=r)
 
         self.used_bytes = Gauge(_PREFIX + "used_bytes", "Bytes of blocks held.", ["tier"], registry=r)
+        self.blocks = Gauge(_PREFIX + "blocks", "Blocks held.", ["tier"], registry=r)
         self.capacity_bytes = Gauge(
             _PREFIX + "capacity_bytes", "Bytes the tier may hold.", ["tier"], registry=r
         )

@@ -260,7 +260,9 @@ class Mover:
 
     def publish_usage(self) -> None:
         for name, tier in (("dram", self.dram), ("nvme", self.nvme), ("shared", self.shared)):
-            self.metrics.used_bytes.labels(name).set(len(tier.index) * self.block_bytes if tier else 0)
+            held = len(tier.index) if tier else 0
+            self.metrics.used_bytes.labels(name).set(held * self.block_bytes)
+            self.metrics.blocks.labels(name).set(held)
 
     def drop_nvme(self, keys: Sequence[bytes]) -> None:
         assert self.nvme is not None

@@ -36,6 +36,11 @@ class EngineCollector(Collector):
             P + "kv_cache_usage_ratio", "Share of KV blocks held by running requests.", engine.blocks.usage
         )
         yield GaugeMetricFamily(
+            P + "kv_cached_blocks",
+            "HBM blocks holding a reusable prefix (what the pod's HBM cache is worth keeping).",
+            engine.blocks.num_cached_blocks,
+        )
+        yield GaugeMetricFamily(
             P + "prefix_cache_hit_ratio",
             "Prompt tokens served from any cache tier over prompt tokens.",
             stats.prefix_hit_ratio,

@@ -1,0 +1,30 @@
+"""A service's worker pods as the autoscaler sees them: listed by the service's selector, ready
+or not, and the URL of a port's metrics on the pod IP."""
+
+from __future__ import annotations
+
+from strata.operator import names
+from strata.operator.kube import KubeClient, Obj
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def list_pods(kube: KubeClient, namespace: str, name: str) -> list[Obj]:
+    selector = ",".join(f"{k}={v}" for k, v in sorted(names.selector_labels(name).items()))
+    listed = await kube.request(
+        "GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}
+    )
+    return list(listed.get("items", []))
+
+
+def ready(pod: Obj) -> bool:
+    """Ready, with an IP, and not terminating."""
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def metrics_url(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/metrics"
