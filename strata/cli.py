@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("strata.worker.cli", "run the inference worker, or make a test model"),
     "kvtier": ("strata.worker.kvtier.cli", "run the tiered KV-cache sidecar"),
     "demo": ("strata.demo.cli", "bring up the local platform end to end and show it working"),
+    "sim": ("strata.sim.cli", "replay traces through a simulated fleet and compare autoscalers"),
 }
 
 
