@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, help="replay only this much of the trace")
     p.add_argument("--startup-s", type=float, help="pod start-up time (overrides the profile)")
     p.add_argument("--policies", default="builtin", help=f"comma-separated, of: {', '.join(POLICIES)}")
+    p.add_argument("--router", choices=("strata", "random"), help="routing (default: the scenario's, strata)")
     p.add_argument("--kpa-target", type=float, default=4.0, help="KPA: requests in flight per replica")
     p.add_argument("--out", help="directory for summary.json and comparison.png")
     p.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
@@ -83,6 +84,8 @@ def _scenario(args: argparse.Namespace) -> tuple[ScenarioFile, Path | None]:
         updates["profile"] = args.profile
     if args.startup_s is not None:
         updates["startup_s"] = args.startup_s
+    if args.router:
+        updates["router"] = args.router
     return spec.model_copy(update=updates), base
 
 

@@ -67,7 +67,7 @@ class Fleet:
             if service.desired == 0:
                 self.scale(service, 1, now, "a request arrived while scaled to zero")
             return
-        engine = self.router.pick(seq, ready).engine
+        engine = self.router.pick(seq, ready, now).engine
         assert engine is not None
         engine.submit(seq, now)
 

@@ -21,7 +21,7 @@ from strata.sim.fleet import Fleet
 from strata.sim.policies.base import Scaler, View
 from strata.sim.profile import Profile
 from strata.sim.requests import Seq
-from strata.sim.router import Router
+from strata.sim.router import Router, RouterKind
 from strata.sim.service import PodState, Service, ServiceConfig
 
 SAMPLE_S = 10.0
@@ -37,6 +37,7 @@ class Scenario:
     profile: Profile
     gpus: int
     seed: int = 0
+    router: RouterKind = "strata"
 
 
 @dataclass
@@ -73,7 +74,8 @@ def simulate(scenario: Scenario, policy: str, scalers: ScalerFactory) -> RunResu
     started = time.perf_counter()
     clock = Clock()
     services = [Service(c, _tier(scenario, c), scenario.profile) for c in scenario.services]
-    fleet = Fleet(services, scenario.gpus, Router(random.Random(scenario.seed)), clock.at)
+    router = Router(random.Random(scenario.seed), scenario.router, scenario.profile)
+    fleet = Fleet(services, scenario.gpus, router, clock.at)
     last_arrival = max((s.config.trace.span_s for s in services), default=0.0)
     deadline = last_arrival + TAIL_S
     fleet.warm_start(0.0)

@@ -74,6 +74,7 @@ class ScenarioFile(_Strict):
     gpus: int = Field(ge=1)
     startup_s: float | None = Field(None, ge=0)
     seed: int = 0
+    router: Literal["strata", "random"] = Field("strata", description="strata: the router's choice function.")
     tiers: str | None = Field(None, description="Directory of ServiceTier YAML; default: the chart's.")
     services: list[ServiceEntry] = Field(min_length=1)
     kpa_target: dict[str, float] = Field(default_factory=dict, description="Per service: KPA target.")
@@ -113,7 +114,7 @@ def build(spec: ScenarioFile, base: Path | None = None) -> Scenario:
     if len(set(names)) != len(names):
         raise ScenarioError(f"services: names must be unique, got {names}")
     services = tuple(_service(entry, base, spec.seed) for entry in spec.services)
-    return Scenario(services, tiers, profile, spec.gpus, spec.seed)
+    return Scenario(services, tiers, profile, spec.gpus, spec.seed, spec.router)
 
 
 def _service(entry: ServiceEntry, base: Path | None, seed: int) -> ServiceConfig:

@@ -78,3 +78,18 @@ def test_a_premium_pod_preempts_a_batch_pod_whose_requests_are_retried():
     assert len(batch.in_state(PodState.PENDING)) == 1  # its controller wants it back
     run_until(fleet, clock, 200.0)
     assert [o.result for o in batch.outcomes.items] == ["ok"]
+
+
+def test_the_router_sends_a_repeated_prefix_to_the_replica_holding_it():
+    prompts = [(0.0, 2000, 2, tuple(range(k * 100, k * 100 + 20))) for k in range(4)]
+    svc = service(trace(*prompts), replicas=4, max_replicas=4)
+    fleet, clock = fleet_of(svc)
+    fleet.warm_start(0.0)
+    for request in svc.config.trace.requests:  # one each: the load spreads them
+        fleet.arrive(svc, request, 0.0)
+    run_until(fleet, clock, 10.0)
+    assert all(p.engine is not None and p.engine.tally.prompt_tokens == 2000 for p in svc.pods)
+    for request in svc.config.trace.requests:
+        fleet.arrive(svc, request, 10.0)
+    run_until(fleet, clock, 20.0)
+    assert [dict(o.hit_tokens)["hbm"] for o in svc.outcomes.items[4:]] == [1900] * 4
