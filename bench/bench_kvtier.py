@@ -229,7 +229,7 @@ def ttft(root: Path) -> dict[str, dict[str, float]]:
     dram = _config(root, "ttft-dram", dram=blocks_16k * block_bytes, nvme=0)
     nvme = _config(root, "ttft-nvme", dram=0, nvme=blocks_16k * block_bytes)
     switch = Switch()
-    engine = LLMEngine(dram, model, load_tokenizer(base.model.path, model.config.eos_token_id), switch)
+    engine = LLMEngine(dram, model, load_tokenizer(base.model.path), switch)
     result: dict[str, dict[str, float]] = {}
     with sidecar(root, dram) as dram_kv, sidecar(root, nvme) as nvme_kv:
         to_dram = TierClient(dram_kv.socket_path, shape, torch.float32)

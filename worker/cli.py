@@ -24,6 +24,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument("--source", required=True, help="model URI (builtin://tiny, hf://org/name@rev, ...)")
     fetch.add_argument("--dest", required=True, help="directory to fill (the engine's model.path)")
+    fetch.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        help="also fetch these files (hf: glob patterns); repeatable",
+    )
+    fetch.add_argument(
+        "--exclude", action="append", default=[], help="never fetch files matching; repeatable"
+    )
+    fetch.add_argument("--workers", type=int, default=8, help="files downloaded at once")
     gpu = sub.add_parser("gpu-check", help="prove the CUDA path and print throughput and TTFT as JSON")
     gpu.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     gpu.add_argument("--preset", choices=["tiny", "small"], default="small")
@@ -42,7 +52,7 @@ def main(argv: list[str]) -> int:
         print(write_model(args.out, args.preset, args.seed))
         return 0
     if args.command == "fetch-model":
-        return _fetch(args.source, args.dest)
+        return _fetch(args)
     if args.command == "gpu-check":
         from strata.worker import gpu_check
 
@@ -54,11 +64,15 @@ def main(argv: list[str]) -> int:
     return _serve(args.config, args.log_level)
 
 
-def _fetch(source: str, dest: str) -> int:
-    from strata.worker.fetch import FetchError, fetch_model
+def _fetch(args: argparse.Namespace) -> int:
+    from strata.worker import logs
+    from strata.worker.fetch import FetchOptions, fetch_model
+    from strata.worker.fetch_http import FetchError
 
+    logs.setup("INFO")
+    options = FetchOptions(tuple(args.include), tuple(args.exclude), max(1, args.workers))
     try:
-        print(fetch_model(source, dest))
+        print(fetch_model(args.source, args.dest, options))
     except FetchError as exc:
         print(f"strata worker fetch-model: {exc}", file=sys.stderr)
         return 2
@@ -68,7 +82,7 @@ def _fetch(source: str, dest: str) -> int:
 def _serve(path: str, level: str) -> int:
     from strata.worker import logs
     from strata.worker.config import WorkerConfig
-    from strata.worker.models.loader import ModelLoadError
+    from strata.worker.models.errors import ModelLoadError
 
     logs.setup(level)
     try:

@@ -1,90 +1,82 @@
 """``strata worker fetch-model``: fill the model directory before the engine starts.
 
 The operator renders this as the pod's first init container for every model source but a PVC.
-Sources: ``builtin://<preset>`` (the seeded test models), ``http(s)://`` (a directory served over
-HTTP), ``hf://org/name[@revision]`` (the Hugging Face hub layout), and public ``s3://`` and
-``gs://`` buckets read over HTTPS. Credentials for private buckets are not supported yet: use a
-PVC for those. A finished fetch writes a marker naming its source, so an init container that is
-restarted (or a pod that keeps its volume) does not fetch twice, and a half-written directory is
-never taken for a model.
+Sources: ``builtin://<preset>`` (the seeded test models), ``hf://org/name[@revision]`` (the
+Hugging Face hub, through huggingface_hub; ``HF_TOKEN`` for gated models), ``http(s)://`` (a
+directory served over HTTP) and public ``s3://`` and ``gs://`` buckets read over HTTPS.
+Credentials for private buckets are not supported yet: use a PVC for those.
+
+Only what the engine needs comes down: config and tokenizer files, the chat template, and the
+weight shards the index names (``include`` adds files, ``exclude`` drops them). Every source
+resumes: a restarted init container keeps whole files, continues partial ones and fetches only
+what is missing. A finished fetch writes a marker naming its source, so a pod that keeps its
+volume does not even look again; a directory last filled from another source is cleared first.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
-import os
-import shutil
-import urllib.error
-import urllib.parse
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-MARKER = ".strata-fetched"
+from strata.worker.fetch_http import FetchError, HttpSource, download, resolve_http
+from strata.worker.fetch_progress import Progress
+
+MARKER = ".strata-fetched"  # the source, once everything is in place
+SOURCE = ".strata-source"  # the source being fetched into this directory
 REQUIRED = ("config.json",)
-OPTIONAL = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+OPTIONAL = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 SINGLE_WEIGHTS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
-CHUNK_BYTES = 8 * 2**20
-
-
-class FetchError(RuntimeError):
-    """The source cannot be fetched; the message names the source and the reason."""
+MODEL_FILES = ("*.json", "*.safetensors", "*.jinja", "*.part", "tokenizer*")
 
 
 @dataclass(frozen=True)
-class HttpSource:
-    base_url: str  # ends with "/"
-    headers: tuple[tuple[str, str], ...] = ()
+class FetchOptions:
+    include: tuple[str, ...] = ()  # more files (hf: glob patterns; http: exact names)
+    exclude: tuple[str, ...] = ()  # glob patterns of files not to fetch
+    workers: int = 8  # files downloaded at once
 
 
-def resolve_http(uri: str, env: dict[str, str] | None = None) -> HttpSource:
-    """Map a model URI onto the HTTP directory it is read from (pure; ``env`` for endpoints)."""
-    env = dict(os.environ) if env is None else env
-    scheme, _, rest = uri.partition("://")
-    rest = rest.strip("/")
-    if not rest:
-        raise FetchError(f"source {uri!r}: empty location after {scheme}://")
-    if scheme in ("http", "https"):
-        return HttpSource(f"{scheme}://{rest}/")
-    if scheme == "hf":
-        repo, _, revision = rest.partition("@")
-        endpoint = env.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-        token = env.get("HF_TOKEN")
-        headers = (("Authorization", f"Bearer {token}"),) if token else ()
-        return HttpSource(f"{endpoint}/{repo}/resolve/{revision or 'main'}/", headers)
-    if scheme == "s3":
-        bucket, _, prefix = rest.partition("/")
-        s3_endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-        if s3_endpoint:  # path-style, as MinIO and other S3-compatible stores expect
-            return HttpSource(f"{s3_endpoint.rstrip('/')}/{bucket}/{_dir(prefix)}")
-        return HttpSource(f"https://{bucket}.s3.amazonaws.com/{_dir(prefix)}")
-    if scheme == "gs":
-        bucket, _, prefix = rest.partition("/")
-        endpoint = env.get("STORAGE_EMULATOR_HOST", "https://storage.googleapis.com").rstrip("/")
-        return HttpSource(f"{endpoint}/{bucket}/{_dir(prefix)}")
-    raise FetchError(f"source {uri!r}: unsupported scheme {scheme!r} (builtin, http, https, hf, s3, gs)")
-
-
-def _dir(prefix: str) -> str:
-    return f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-
-
-def fetch_model(uri: str, dest: str | Path) -> Path:
+def fetch_model(uri: str, dest: str | Path, options: FetchOptions = FetchOptions()) -> Path:
     """Fetch ``uri`` into ``dest`` unless it already holds a finished fetch of the same source."""
     out = Path(dest)
     out.mkdir(parents=True, exist_ok=True)
     marker = out / MARKER
-    if marker.exists() and marker.read_text() == uri:
+    if marker.is_file() and marker.read_text() == uri:
         return out
-    marker.unlink(missing_ok=True)
+    _claim(out, uri)
     if uri.startswith("builtin://"):
         _fetch_builtin(uri.removeprefix("builtin://").strip("/"), out)
+    elif uri.startswith("hf://"):
+        from strata.worker.fetch_hf import fetch_hf
+
+        fetch_hf(uri, out, options.include, options.exclude, options.workers)
     else:
-        _fetch_http(resolve_http(uri), uri, out)
+        _fetch_http(resolve_http(uri), out, options)
     _validate(uri, out)
     marker.write_text(uri)
     return out
+
+
+def _claim(out: Path, uri: str) -> None:
+    """Files from another source must not pass for this one's (they would be skipped as whole)."""
+    source, marker = out / SOURCE, out / MARKER
+    previous = source.read_text() if source.is_file() else None
+    marker.unlink(missing_ok=True)
+    if previous is not None and previous != uri:
+        for path in out.iterdir():
+            if path.is_file() and any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILES):
+                path.unlink()
+    source.write_text(uri)
 
 
 def _fetch_builtin(preset: str, out: Path) -> None:
@@ -97,41 +89,34 @@ def _fetch_builtin(preset: str, out: Path) -> None:
     write_model(out, preset)
 
 
-def _fetch_http(source: HttpSource, uri: str, out: Path) -> None:
-    for name in REQUIRED:
-        _download(source, name, out, uri, required=True)
-    for name in OPTIONAL:
-        _download(source, name, out, uri, required=False)
-    if _download(source, SHARD_INDEX, out, uri, required=False):
-        index = json.loads((out / SHARD_INDEX).read_text())
-        shards = sorted(set(index.get("weight_map", {}).values()))
-        if not shards:
-            raise FetchError(f"source {uri!r}: {SHARD_INDEX} lists no weight files")
-        for shard in shards:
-            _download(source, shard, out, uri, required=True)
-    else:
-        _download(source, SINGLE_WEIGHTS, out, uri, required=True)
+def _kept(names: list[str], options: FetchOptions) -> list[str]:
+    return [n for n in names if not any(fnmatch.fnmatch(n, p) for p in options.exclude)]
 
 
-def _download(source: HttpSource, name: str, out: Path, uri: str, *, required: bool) -> bool:
-    """Stream one file to ``name.part``, then rename: a crash never leaves a truncated file."""
-    if "/" in name or name.startswith("."):
-        raise FetchError(f"source {uri!r}: refusing file name {name!r} from the shard index")
-    request = urllib.request.Request(source.base_url + urllib.parse.quote(name), headers=dict(source.headers))
-    part = out / f"{name}.part"
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response, part.open("wb") as sink:
-            shutil.copyfileobj(response, sink, CHUNK_BYTES)
-    except urllib.error.HTTPError as exc:
-        part.unlink(missing_ok=True)
-        if exc.code == 404 and not required:
-            return False
-        raise FetchError(f"source {uri!r}: GET {name} answered HTTP {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        part.unlink(missing_ok=True)
-        raise FetchError(f"source {uri!r}: GET {name} failed: {exc}") from exc
-    part.replace(out / name)
-    return True
+def _fetch_http(source: HttpSource, out: Path, options: FetchOptions) -> None:
+    progress = Progress(source.uri)
+
+    def get(name: str, required: bool) -> bool:
+        return download(source, name, out, progress, required=required)
+
+    get(REQUIRED[0], True)  # first: a wrong source fails on the file that must be there
+    with ThreadPoolExecutor(options.workers, thread_name_prefix="fetch") as pool:
+        optional = _kept([*OPTIONAL, *options.include], options)
+        metadata = [pool.submit(get, name, name in options.include) for name in optional]
+        has_index = get(SHARD_INDEX, False)
+        weights = _kept(_shards(out, source) if has_index else [SINGLE_WEIGHTS], options)
+        progress.expect(len(weights) + len(metadata) + 1 + int(has_index))
+        for future in [*metadata, *(pool.submit(get, name, True) for name in weights)]:
+            future.result()  # the first failure ends the fetch; whole files stay for the next run
+    progress.finished()
+
+
+def _shards(out: Path, source: HttpSource) -> list[str]:
+    index = json.loads((out / SHARD_INDEX).read_text())
+    shards = sorted(set(index.get("weight_map", {}).values()))
+    if not shards:
+        raise FetchError(f"source {source.uri!r}: {SHARD_INDEX} lists no weight files")
+    return shards
 
 
 def _validate(uri: str, out: Path) -> None:

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from strata.worker.chat_template import ChatTemplateError, load_chat_template, plain_transcript
 from strata.worker.engine.llm_engine import LLMEngine
-from strata.worker.models.loader import ModelLoadError
+from strata.worker.models.errors import ModelLoadError
 from strata.worker.server.app import build_app
 from strata.worker.server.engine_loop import EngineLoop
 from tests.worker.conftest import make_config
@@ -107,6 +107,6 @@ def test_hf_tokenizer_can_leave_special_tokens_out(tmp_path: Path) -> None:
     rust.pre_tokenizer = pre_tokenizers.Whitespace()
     rust.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     rust.save(str(tmp_path / "tokenizer.json"))
-    tok = load_tokenizer(tmp_path, None)
+    tok = load_tokenizer(tmp_path)
     assert tok.encode("hi") == [1, 2]
     assert tok.encode("hi", add_special_tokens=False) == [2]

@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from strata.worker import cli, gpu_check
+from strata.worker.models.errors import ModelLoadError
 from strata.worker.models.llama import LlamaConfig, llama3_inv_freq
-from strata.worker.models.loader import ModelLoadError, load_model
+from strata.worker.models.loader import load_model
 from strata.worker.tokenizer import ByteTokenizer, load_tokenizer
 
 
@@ -112,19 +113,18 @@ def test_config_from_dict_defaults_kv_heads() -> None:
 
 
 def test_byte_tokenizer_round_trips_and_is_the_fallback(tiny_dir: Path) -> None:
-    tok = load_tokenizer(tiny_dir, 257)
+    tok = load_tokenizer(tiny_dir)
     assert isinstance(tok, ByteTokenizer)
     assert tok.decode(tok.encode("héllo")) == "héllo"
     assert tok.decode([104, 105, 257]) == "hi"  # special ids are not text
 
 
 def test_broken_tokenizer_json_is_an_error_not_a_silent_byte_fallback(tmp_path: Path) -> None:
-    from strata.worker.models.loader import ModelLoadError
     from strata.worker.tokenizer import load_tokenizer
 
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match=r"model.path: cannot load .*tokenizer.json"):
-        load_tokenizer(tmp_path, None)
+        load_tokenizer(tmp_path)
 
 
 def test_hf_tokenizer_json_is_used_when_present(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_hf_tokenizer_json_is_used_when_present(tmp_path: Path) -> None:
     rust = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     rust.pre_tokenizer = pre_tokenizers.Whitespace()
     rust.save(str(tmp_path / "tokenizer.json"))
-    tok = load_tokenizer(tmp_path, 0)
+    tok = load_tokenizer(tmp_path)
     assert tok.encode("hello world") == [1, 2]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -89,3 +90,88 @@ def test_stream_options_without_stream_is_refused(client: openai.OpenAI) -> None
             model="tiny", prompt="hi", max_tokens=2, stream_options={"include_usage": True}
         )
     assert err.value.param == "stream_options"
+
+
+def test_content_parts(client: openai.OpenAI) -> None:
+    parts: list[Any] = [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]
+    as_parts = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0
+    )
+    as_text = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello\nworld"}], max_tokens=4, temperature=0
+    )
+    assert as_parts.choices[0].message.content == as_text.choices[0].message.content
+    assert as_parts.usage == as_text.usage or (
+        as_parts.usage is not None
+        and as_text.usage is not None
+        and as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens
+    )
+
+
+def test_chat_logprobs(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None and len(logprobs.content) == 5
+    for entry in logprobs.content:
+        assert [t.logprob for t in entry.top_logprobs] == sorted(
+            (t.logprob for t in entry.top_logprobs), reverse=True
+        )
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        best = entry.top_logprobs[0]
+        assert (best.bytes, best.logprob) == (entry.bytes, entry.logprob)  # greedy took the most likely
+    text = b"".join(bytes(e.bytes or []) for e in logprobs.content).decode("utf-8", errors="replace")
+    assert text == out.choices[0].message.content
+
+
+def test_completion_logprobs_streamed_and_whole_agree(client: openai.OpenAI) -> None:
+    args: dict[str, Any] = {
+        "model": "tiny",
+        "prompt": "abc",
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 2,
+    }
+    whole = client.completions.create(**args).choices[0].logprobs
+    assert whole is not None and whole.token_logprobs is not None and whole.top_logprobs is not None
+    assert len(whole.token_logprobs) == 4 and all(len(top) in (2, 3) for top in whole.top_logprobs)
+    streamed: list[float] = []
+    for chunk in client.completions.create(**args, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.token_logprobs or []
+    assert streamed == pytest.approx(whole.token_logprobs)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+        ("response_format", {"type": "json_object"}),
+        ("n", 2),
+        ("presence_penalty", 0.5),
+        ("logit_bias", {"42": 3}),
+        ("parallel_tool_calls", False),
+    ],
+)
+def test_refused_fields_name_the_parameter(client: openai.OpenAI, field: str, value: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, **{field: value}
+        )
+    assert err.value.param == field and field in err.value.message
+
+
+def test_non_text_content_part_is_refused(client: openai.OpenAI) -> None:
+    image: list[Any] = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": image}], max_tokens=2
+        )
+    assert err.value.param == "messages[0].content[0].type"

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from strata.worker.server.app import LOOP_KEY, build_app
+from strata.worker.server.app import build_app
 from strata.worker.server.engine_loop import EngineLoop
+from strata.worker.server.generate import LOOP_KEY
 from tests.worker.conftest import EngineFactory
 
 PROMPT = "The quick brown fox"
@@ -216,3 +218,20 @@ async def test_a_client_leaving_mid_stream_frees_its_request(make_engine: Engine
         assert not loop.engine.has_unfinished()
         assert loop.engine.stats.generation_tokens < 900  # aborted, not run to max_tokens
         assert (await client.get("/ready")).status == 200
+
+
+async def test_api_key_is_required_on_the_api_only(make_engine: EngineFactory) -> None:
+    import openai
+
+    server = TestServer(build_app(EngineLoop(make_engine()), api_key="s3cret"))
+    async with TestClient(server) as client:
+        base = str(client.make_url("/v1"))
+        good = openai.AsyncOpenAI(base_url=base, api_key="s3cret", max_retries=0)
+        assert [m.id async for m in good.models.list()] == ["tiny"]
+        for key in ("wrong", "s3cre", "s3cret-and-more"):
+            bad = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                await bad.completions.create(model="tiny", prompt="x", max_tokens=1)
+        assert (await client.post("/v1/completions", json=completion())).status == 401  # no header at all
+        for probe in ("/health", "/ready", "/metrics"):  # kubelet and Prometheus carry no key
+            assert (await client.get(probe)).status == 200

@@ -8,7 +8,7 @@ thread-safe: the server drives it from one thread; tests and benchmarks call ``g
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,13 +18,15 @@ from strata.worker.engine.block_manager import BlockManager
 from strata.worker.engine.kv_tiers import TierBridge
 from strata.worker.engine.model_runner import ModelRunner, block_bytes, block_shape
 from strata.worker.engine.prefix_cache import PrefixCache
-from strata.worker.engine.sampling import Sampler
+from strata.worker.engine.sampling import Sampler, token_logprob
 from strata.worker.engine.scheduler import Scheduler, SchedulerLimits
-from strata.worker.engine.sequence import SamplingParams, Sequence
+from strata.worker.engine.sequence import SamplingParams, Sequence, TokenLogprob
 from strata.worker.engine.stats import EngineStats
 from strata.worker.kv_connector import KVConnector, chain_hashes, root_hash
+from strata.worker.models.errors import ModelLoadError
+from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
 from strata.worker.models.llama import LlamaForCausalLM
-from strata.worker.models.loader import DTYPES, ModelLoadError, load_model
+from strata.worker.models.loader import DTYPES, load_model
 from strata.worker.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -41,6 +43,7 @@ class StepOutput:
     seq: Sequence
     new_token_ids: list[int]
     finished: bool
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
 
 
 def pick_device(choice: str) -> torch.device:
@@ -73,11 +76,14 @@ class LLMEngine:
         tokenizer: Tokenizer,
         connector: KVConnector | None = None,
         chat_template: ChatTemplate | None = None,
+        generation: GenerationDefaults | None = None,
     ) -> None:
         cfg = config.engine
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        eos = model.config.eos_token_id
+        self.generation = generation or GenerationDefaults(frozenset(() if eos is None else (eos,)))
         self.block_size = cfg.block_size
         weights = next(model.parameters())
         device = weights.device
@@ -107,7 +113,8 @@ class LLMEngine:
         device = pick_device(config.engine.device)
         dtype = DTYPES[config.model.dtype]
         model = load_model(config.model.path, dtype, device)
-        tokenizer = load_tokenizer(config.model.path, model.config.eos_token_id)
+        tokenizer = load_tokenizer(config.model.path)
+        generation = load_generation_defaults(config.model.path, tokenizer)
         try:
             chat_template = load_chat_template(config.model.path)
         except ValueError as exc:
@@ -116,7 +123,7 @@ class LLMEngine:
             from strata.worker.kvtier.client import connect  # only workers with the sidecar need it
 
             connector = connect(config, block_shape(model, config.engine.block_size), dtype)
-        return cls(config, model, tokenizer, connector, chat_template)
+        return cls(config, model, tokenizer, connector, chat_template, generation)
 
     @property
     def device(self) -> torch.device:
@@ -163,6 +170,8 @@ class LLMEngine:
         vocab = self.runner.model.config.vocab_size
         if min(token_ids) < 0 or max(token_ids) >= vocab:
             raise RequestError("prompt", f"token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise RequestError("stop_token_ids", f"token ids must be in [0, {vocab})")
         if -(-(len(token_ids) + params.max_tokens) // self.block_size) > self.blocks.num_blocks:
             raise RequestError("max_tokens", "request needs more KV blocks than the cache holds")
 
@@ -200,28 +209,36 @@ class LLMEngine:
             seq.logits.append(logits.detach().cpu().clone())
         token = self.sampler.sample(seq.seq_id, logits, seq.params)
         seq.token_ids.append(token)
+        new_logprobs = []
+        if seq.params.logprobs is not None:
+            new_logprobs.append(token_logprob(logits, token, seq.params.logprobs))
+            seq.logprobs += new_logprobs
         self.stats.generation_tokens += 1
         reason = self._stop_reason(seq, token)
         if reason is None:
-            return StepOutput(seq, [token], False)
-        return self._finish(seq, reason, [token])
+            return StepOutput(seq, [token], False, new_logprobs)
+        return self._finish(seq, reason, [token], new_logprobs)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if (token == self.tokenizer.eos_token_id and not p.ignore_eos) or token in p.stop_token_ids:
+        if (token in self.generation.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
         if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_context:
             return "length"
         return None
 
-    def _finish(self, seq: Sequence, reason: str, tokens: list[int]) -> StepOutput:
+    def _finish(
+        self, seq: Sequence, reason: str, tokens: list[int], logprobs: list[TokenLogprob]
+    ) -> StepOutput:
         self.scheduler.finish(seq, reason)
-        return self._forget(seq, tokens)
+        return self._forget(seq, tokens, logprobs)
 
-    def _forget(self, seq: Sequence, tokens: list[int]) -> StepOutput:
+    def _forget(
+        self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> StepOutput:
         self.sampler.forget(seq.seq_id)
         self._seqs.pop(seq.seq_id, None)
-        return StepOutput(seq, tokens, True)
+        return StepOutput(seq, tokens, True, logprobs or [])
 
     def generate(self, token_ids: list[int], params: SamplingParams, priority: int | None = None) -> Sequence:
         """Run one request to completion (tests and benchmarks); other queued work runs too."""

@@ -24,10 +24,21 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0: every token
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None: none; k: the sampled token's and the k most likely
     keep_logits: bool = False  # keep each step's logits (tests compare them to a reference)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Log-probabilities under the model's own distribution (before temperature or top-p)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the most likely tokens, best first
 
 
 @dataclass(eq=False)
@@ -52,6 +63,7 @@ class Sequence:
     admitted: bool = False  # counted in prompt/prefix-hit statistics once
     hit_tokens: dict[Tier, int] = field(default_factory=dict)
     logits: list[Any] = field(default_factory=list)  # torch tensors; this module stays torch-free
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when asked
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

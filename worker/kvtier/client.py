@@ -313,7 +313,7 @@ def connect(config: WorkerConfig, block_shape: tuple[int, ...], dtype: torch.dty
     tokenized with the model's tokenizer and their full blocks pinned in DRAM."""
     pins: list[bytes] = []
     if config.kvtier.pinned_prefixes:
-        tokenizer = load_tokenizer(config.model.path, None)
+        tokenizer = load_tokenizer(config.model.path)
         for text in config.kvtier.pinned_prefixes:
             pins += pinned_hashes(config, tokenizer.encode(text))
     return TierClient(config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.engine.scheduler import QueueFull
-from strata.worker.engine.sequence import SamplingParams, Sequence
+from strata.worker.engine.sequence import SamplingParams, Sequence, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,7 @@ class TokenEvent:
     token_ids: list[int]
     # Set on the last event: stop, length, queue_timeout, queue_full, error, shutdown.
     finish_reason: str | None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of token_ids, when the request asked
 
 
 @dataclass(eq=False)
@@ -116,7 +117,7 @@ class EngineLoop:
                 reason = out.seq.finish_reason if out.finished else None
                 if out.finished:
                     del self._live[out.seq.seq_id]
-                self._emit(handle, TokenEvent(out.new_token_ids, reason))
+                self._emit(handle, TokenEvent(out.new_token_ids, reason, out.new_logprobs))
 
     def _drain(self) -> None:
         with self._lock:

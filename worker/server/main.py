@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from aiohttp import web
 
 from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
 from strata.worker.engine.llm_engine import LLMEngine
-from strata.worker.server.app import build_app
+from strata.worker.server.app import API_KEY_ENV, build_app
 from strata.worker.server.drain import Drain
 from strata.worker.server.engine_loop import EngineLoop
 
@@ -51,7 +52,10 @@ async def _serve(config: WorkerConfig, engine_loop: EngineLoop) -> None:
     drain = Drain()
     # handler_cancellation: a client that hangs up aborts its request instead of running on.
     runner = web.AppRunner(
-        build_app(engine_loop, drain), handle_signals=False, access_log=None, handler_cancellation=True
+        build_app(engine_loop, drain, api_key=os.environ.get(API_KEY_ENV) or None),
+        handle_signals=False,
+        access_log=None,
+        handler_cancellation=True,
     )
     await runner.setup()
     try:
