@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from strata.worker.server.app import build_app
-from strata.worker.server.drain import Drain
+from strata.worker.server.drain import DRAINING_HEADER, Drain
 from strata.worker.server.engine_loop import EngineLoop
 from strata.worker.server.generate import DRAINING_MESSAGE
 from tests.worker.conftest import EngineFactory
@@ -90,7 +90,7 @@ async def test_draining_fails_readiness_refuses_new_work_and_finishes_streams(
         assert ready.status == 503 and (await ready.json())["status"] == "draining"
         refused = await client.post("/v1/completions", json=completion(5, stream=False))
         assert refused.status == 503 and refused.headers["Retry-After"] == "1"
-        assert refused.headers["Connection"] == "close"
+        assert refused.headers["Connection"] == "close" and refused.headers[DRAINING_HEADER] == "true"
         error = (await refused.json())["error"]
         assert error["message"] == DRAINING_MESSAGE and error["type"] == "service_unavailable"
         assert (await finish_reasons(streaming))[-1] == "length"

@@ -17,7 +17,7 @@ from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams, TokenLogprob
 from strata.worker.models.generation import GenerationDefaults
 from strata.worker.server.detok import Detokenizer
-from strata.worker.server.drain import Drain, Outcome
+from strata.worker.server.drain import DRAINING_HEADER, Drain, Outcome
 from strata.worker.server.engine_loop import EngineLoop, RequestHandle, TokenEvent
 from strata.worker.server.errors import ApiError
 from strata.worker.server.metrics import WorkerMetrics
@@ -82,6 +82,7 @@ def draining_response() -> web.Response:
     """503 for work that arrives (or was cut off) while the replica shuts down; Connection:
     close so a keep-alive client's retry opens a new connection, to another replica."""
     response = error_response(ApiError(503, DRAINING_MESSAGE, kind="service_unavailable"), 1)
+    response.headers[DRAINING_HEADER] = "true"
     response.force_close()
     return response
 
