@@ -1,7 +1,9 @@
 """Write every child of one service with server-side apply, and retire what no longer belongs.
 
 Order matters only where admission or scheduling depends on it: the PriorityClass before any
-pod (admission rejects an unknown class), the ConfigMap and claims before the workload."""
+pod (admission rejects an unknown class), the ConfigMap and claims before the workload. What is
+already there is read from the watch caches (strata.operator.views), never fetched; one Event
+per reconcile lists the children it created (or repaired), not one Event per child."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from strata.operator.render.services import render_client_service, render_metric
 from strata.operator.render.storage import render_shared_claim
 from strata.operator.render.workload import render_workload
 from strata.operator.settings import OperatorSettings
+from strata.operator.views import IndexViews
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 
@@ -33,6 +36,7 @@ class Applier:
     settings: OperatorSettings
     metrics: OperatorMetrics
     events: EventSink
+    views: IndexViews = field(default_factory=IndexViews)
     # (kind, namespace, name) -> generation (or resourceVersion) our last apply left behind:
     # a different value on the next apply means that apply changed the object.
     seen: dict[tuple[str, str, str], str] = field(default_factory=dict)
@@ -42,8 +46,6 @@ class Applier:
     # Tier name -> (uid, priority) of the PriorityClass applied by this process; a PriorityClass
     # edited or deleted by someone else is re-applied from its watch, which refreshes this.
     priority_classes: dict[str, tuple[str, int]] = field(default_factory=dict)
-    # (namespace, name, kind) whose other workload kind was already found absent.
-    retired: set[tuple[str, str, str]] = field(default_factory=set)
 
     async def apply_service(
         self, plan: ServicePlan, owner: Mapping[str, Any], tier: Mapping[str, Any]
@@ -60,17 +62,19 @@ class Applier:
         claim = render_shared_claim(plan)
         if claim is not None:
             side.append(claim)
-        await asyncio.gather(*(self.apply_if_changed(m, owner) for m in side))
-        workload = render_workload(plan, self.settings)
-        applied = await self.apply_if_changed(workload, owner)
+        written = Written()
+        try:
+            await asyncio.gather(*(self.apply_if_changed(m, written) for m in side))
+            workload = render_workload(plan, self.settings)
+            applied = await self.apply_if_changed(workload, written)
+        finally:
+            written.announce(self.events, owner)
         if applied is not None:
             return applied
-        current = await self.kube.get(workload["apiVersion"], workload["kind"], plan.name, plan.namespace)
-        return current if current is not None else await self.apply(workload, owner)
+        current = self.views.workload((plan.namespace, plan.name), workload["kind"])
+        return dict(current) if current is not None else await self.apply(workload, Written())
 
-    async def apply_if_changed(
-        self, manifest: Mapping[str, Any], event_target: Mapping[str, Any]
-    ) -> Obj | None:
+    async def apply_if_changed(self, manifest: Mapping[str, Any], written: Written) -> Obj | None:
         """Skip the write (None) when this process already applied exactly this manifest and no
         watch event has shown the object changed since: a no-op apply still costs the API server
         a full server-side-apply merge. Anything else is applied."""
@@ -80,7 +84,7 @@ class Applier:
         if unchanged and self.digests.get(key) == digest:
             self.metrics.applied.labels(kind=key[0], outcome="skipped").inc()
             return None
-        obj = await self.apply(manifest, event_target)
+        obj = await self.apply(manifest, written)
         self.digests[key] = digest
         return obj
 
@@ -93,7 +97,7 @@ class Applier:
         if key in self.seen:
             self.observed[key] = "deleted" if deleted else _marker(meta)
 
-    async def apply(self, manifest: Mapping[str, Any], event_target: Mapping[str, Any]) -> Obj:
+    async def apply(self, manifest: Mapping[str, Any], written: Written) -> Obj:
         obj, created = await self.kube.apply_created(manifest)
         kind, meta = manifest["kind"], obj.get("metadata", {})
         key = (kind, meta.get("namespace", ""), meta.get("name", ""))
@@ -102,12 +106,11 @@ class Applier:
         self.seen[key] = self.observed[key] = marker
         if created:
             outcome = "created"
-            self.events(event_target, "Normal", "Created", f"created {kind} {key[2]}")
         elif before is not None and before != marker:
             outcome = "updated"
-            self.events(event_target, "Normal", "Updated", f"re-applied {kind} {key[2]}: it had changed")
         else:
             outcome = "unchanged"
+        written.record(outcome, f"{kind} {key[2]}")
         self.metrics.applied.labels(kind=kind, outcome=outcome).inc()
         return obj
 
@@ -132,11 +135,14 @@ class Applier:
         manifest = render_priorityclass(
             meta["name"], int(spec.get("priority", 0)), owner, spec.get("description", "")
         )
+        written = Written()
         try:
-            return await self.apply(manifest, tier)
+            return await self.apply(manifest, written)
         except KubeError as exc:
             if exc.status != 422:
                 raise
+        finally:
+            written.announce(self.events, tier)
         # A PriorityClass's value is immutable: a tier whose priority changed gets a new class.
         # Running pods keep the priority they were admitted with; new pods get the new one.
         current = await self.kube.get(manifest["apiVersion"], "PriorityClass", manifest["metadata"]["name"])
@@ -153,25 +159,21 @@ class Applier:
                 "Replaced",
                 f"PriorityClass {current['metadata']['name']} re-created with value {manifest['value']}",
             )
-        return await self.apply(manifest, tier)
+        return await self.apply(manifest, Written())
 
-    async def current_workload(self, namespace: str, name: str) -> Obj | None:
+    def current_workload(self, namespace: str, name: str) -> Obj | None:
         for kind in WORKLOAD_KINDS:
-            obj = await self.kube.get("apps/v1", kind, names.workload_name(name), namespace)
-            if obj is not None:
-                return obj
+            found = self.views.workload((namespace, name), kind)
+            if found is not None:
+                return dict(found)
         return None
 
     async def _retire_other_workload(self, plan: ServicePlan, owner: Mapping[str, Any]) -> None:
         """A tier that starts (or stops) keeping NVMe across restarts switches the workload kind;
         the old one is deleted so the two never run side by side."""
         other = "StatefulSet" if plan.workload_kind == "Deployment" else "Deployment"
-        checked = (plan.namespace, plan.name, plan.workload_kind)
-        if checked in self.retired:
-            return
-        old = await self.kube.get("apps/v1", other, names.workload_name(plan.name), plan.namespace)
+        old = self.views.workload((plan.namespace, plan.name), other)
         if old is None or not owned_by(old, plan.owner.uid):
-            self.retired.add(checked)
             return
         if await self.kube.delete(
             "apps/v1", other, old["metadata"]["name"], plan.namespace, old["metadata"]["uid"]
@@ -195,7 +197,26 @@ class Applier:
         self.seen = {k: v for k, v in self.seen.items() if keep(k)}
         self.digests = {k: v for k, v in self.digests.items() if keep(k)}
         self.observed = {k: v for k, v in self.observed.items() if keep(k)}
-        self.retired = {k for k in self.retired if k[:2] != (namespace, name)}
+
+
+@dataclass
+class Written:
+    """The children one reconcile wrote, announced as one Event per outcome."""
+
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+
+    def record(self, outcome: str, what: str) -> None:
+        if outcome == "created":
+            self.created.append(what)
+        elif outcome == "updated":
+            self.updated.append(what)
+
+    def announce(self, events: EventSink, target: Mapping[str, Any]) -> None:
+        if self.created:
+            events(target, "Normal", "Created", "created " + ", ".join(sorted(self.created)))
+        if self.updated:
+            events(target, "Normal", "Updated", "re-applied " + ", ".join(sorted(self.updated)) + ": changed")
 
 
 def _key(manifest: Mapping[str, Any]) -> tuple[str, str, str]:

@@ -3,13 +3,15 @@
 Every trigger (the service itself, any of its children, its tier) funnels into one level-based
 reconcile per service. Only ``on.event`` handlers are used: no finalizers and no progress
 annotations, so the operator can be killed at any moment and deleting a service never waits
-for it (owner references do the garbage collection). Run with ``strata operator`` or
+for it (owner references do the garbage collection). What the reconciles and the autoscaler
+read comes from kopf indices of these same watches (strata.operator.views), and the watches of
+children, pods and PriorityClasses ask the API server only for objects labelled as managed by
+this operator. Run with ``strata operator`` or
 ``kopf run -m strata.operator.handlers --all-namespaces``."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +21,10 @@ import kopf
 from strata.operator import names
 from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.events import kopf_sink
-from strata.operator.kube import KubeClient
-from strata.operator.runtime import Runtime, ServiceKey, TierIndex
+from strata.operator.kube import ClientPolicy, KubeClient
+from strata.operator.runtime import Runtime
 from strata.operator.settings import OperatorSettings, settings_from_env
+from strata.operator.views import PodRef, ServiceKey, owning_service, ready_pod, snapshot
 
 CHILD_RESOURCES = (
     ("apps", "v1", "deployments"),
@@ -40,13 +43,17 @@ CHILD_KINDS = {
     "poddisruptionbudgets": "PodDisruptionBudget",
 }
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+MANAGED_SELECTOR = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
+# Watched with MANAGED_SELECTOR: the API server sends only the operator's own objects.
+LABELLED = {(g, p) for g, _, p in CHILD_RESOURCES} | {("", "pods"), ("scheduling.k8s.io", "priorityclasses")}
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config: OperatorSettings = memo.get("strata_settings") or settings_from_env()
     configure(settings, config)
-    runtime = Runtime.build(KubeClient.from_environment(), config, kopf_sink)
+    policy = ClientPolicy(max_in_flight=config.api_max_in_flight, timeout_floor_s=config.api_timeout_s)
+    runtime = Runtime.build(KubeClient.from_environment(policy=policy), config, kopf_sink)
     if config.metrics_port:
         runtime.metrics.serve(config.metrics_port)
     memo["strata"] = runtime
@@ -89,6 +96,7 @@ def start_autoscaler(memo: kopf.Memo) -> None:
         kube=runtime.reconciler.applier.kube,
         events=kopf_sink,
         services=lambda: _managed(runtime),
+        views=runtime.views,
         peering=slot.peering,
         scrape_address=slot.config.scrape_address,
     )
@@ -107,6 +115,11 @@ def configure(settings: kopf.OperatorSettings, config: OperatorSettings) -> None
     # Our own Events say what happened; kopf's per-handler ones would only add noise.
     settings.posting.level = logging.WARNING
     settings.peering.lifetime = config.peering_lifetime_s
+    settings.watching.label_selectors[_labelled] = MANAGED_SELECTOR
+
+
+def _labelled(resource: kopf.Resource) -> bool:
+    return (resource.group, resource.plural) in LABELLED
 
 
 def _managed(runtime: Runtime) -> list[ServiceKey]:
@@ -130,7 +143,12 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index(names.GROUP, names.VERSION, names.TIER_PLURAL)
 def tier_bodies(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    return {name: {"metadata": copy.deepcopy(dict(body.metadata)), "spec": copy.deepcopy(dict(body.spec))}}
+    return {name: snapshot(body)}
+
+
+@kopf.index(names.GROUP, names.VERSION, names.ISVC_PLURAL)
+def service_bodies(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[ServiceKey, Any]:
+    return {(namespace or "", name): snapshot(body)}
 
 
 @kopf.index(names.GROUP, names.VERSION, names.ISVC_PLURAL)
@@ -138,43 +156,73 @@ def services_by_tier(*, namespace: str | None, name: str, spec: kopf.Spec, **_: 
     return {str(spec.get("tier", "standard")): (namespace or "", name)}
 
 
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+def deployments_by_service(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    key = owning_service(labels, namespace)
+    return {key: snapshot(body)} if key else None
+
+
+@kopf.index("apps", "v1", "statefulsets", labels=MANAGED)
+def statefulsets_by_service(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    key = owning_service(labels, namespace)
+    return {key: snapshot(body)} if key else None
+
+
+@kopf.index("", "v1", "pods", labels=MANAGED)
+def ready_pods_by_service(
+    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[ServiceKey, PodRef] | None:
+    key, pod = owning_service(labels, namespace), ready_pod(body)
+    return {key: pod} if key and pod else None
+
+
+def _runtime(memo: Any, indices: dict[str, Any]) -> Runtime:
+    """The runtime, its views bound to kopf's indices (the same objects on every call)."""
+    runtime: Runtime = memo["strata"]
+    if not runtime.views.bound:
+        runtime.views.bind(
+            services=indices["service_bodies"],
+            tiers=indices["tier_bodies"],
+            workloads=(indices["deployments_by_service"], indices["statefulsets_by_service"]),
+            pods=indices["ready_pods_by_service"],
+            services_by_tier=indices["services_by_tier"],
+        )
+    return runtime
+
+
 @kopf.on.event(names.GROUP, names.VERSION, names.ISVC_PLURAL)
 async def service_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    runtime = _runtime(memo, kwargs)
     start_autoscaler(memo)
-    runtime: Runtime = memo["strata"]
-    tier_bodies: TierIndex = kwargs["tier_bodies"]
     key: ServiceKey = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
         runtime.forget(key)
+        await runtime.recount_tiers()
         return
     if type == "MODIFIED" and _status_only(body):
         return  # our own status write (or a metadata edit): nothing to render differently
-    await runtime.reconcile(key, tier_bodies)
+    await asyncio.gather(runtime.reconcile(key), runtime.recount_tiers())
 
 
 @kopf.on.event(names.GROUP, names.VERSION, names.TIER_PLURAL)
 async def tier_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-    runtime: Runtime = memo["strata"]
-    tier_bodies: TierIndex = kwargs["tier_bodies"]
+    runtime = _runtime(memo, kwargs)
     services_by_tier: kopf.Index[str, ServiceKey] = kwargs["services_by_tier"]
     name = body.metadata.name or ""
-    services = list(services_by_tier.get(name, []))
-    if type != "DELETED":
-        await runtime.tiers.reconcile_tier(_plain(body), len(services))
+    await runtime.reconcile_tier(name)  # a deleted tier: forgets its status
     # At start-up every service reconciles on its own initial event; a status write is no change.
     if type is None or (type == "MODIFIED" and _status_only(body)):
         return
-    await asyncio.gather(*(runtime.reconcile(key, tier_bodies) for key in services))
+    await asyncio.gather(*(runtime.reconcile(key) for key in list(services_by_tier.get(name, []))))
 
 
 @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", labels=MANAGED)
 async def priorityclass_event(*, type: str, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
-    tier_bodies: TierIndex = kwargs["tier_bodies"]
     if type not in ("MODIFIED", "DELETED"):
         return
-    tier = next(iter(tier_bodies.get(labels.get(names.LABEL_TIER, ""), ())), None)
+    runtime = _runtime(memo, kwargs)
+    tier = runtime.views.tier(labels.get(names.LABEL_TIER, ""))
     if tier is not None:
-        runtime: Runtime = memo["strata"]
         await runtime.tiers.applier.apply_priority_class(tier)
 
 
@@ -191,7 +239,7 @@ async def child_event(
     service = labels.get(names.LABEL_SERVICE)
     if not service or not namespace:
         return
-    runtime: Runtime = memo["strata"]
+    runtime = _runtime(memo, kwargs)
     body: kopf.Body = kwargs["body"]
     plural = kwargs["resource"].plural
     applier = runtime.reconciler.applier
@@ -202,22 +250,16 @@ async def child_event(
         return  # a listing: at start-up the service's own event covers it; later, nothing moved
     if type == "MODIFIED" and plural in ("deployments", "statefulsets") and _status_only(body):
         # The controller moved the rollout along; a spec edit (drift) bumps the generation first.
-        await runtime.refresh_status(key, kwargs["tier_bodies"])
+        await runtime.refresh_status(key)
     elif type != "DELETED" and own:
         return  # the echo of our own apply, or a status move nothing reports (a PDB's count)
     else:
-        await runtime.reconcile(key, kwargs["tier_bodies"])
+        await runtime.reconcile(key)
 
 
 def _status_only(body: kopf.Body) -> bool:
     observed = (body.get("status") or {}).get("observedGeneration")
     return observed is not None and observed == body.metadata.get("generation")
-
-
-def _plain(body: kopf.Body) -> dict[str, Any]:
-    return copy.deepcopy(
-        {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
-    )
 
 
 _register_child_watches()

@@ -2,15 +2,23 @@
 
 The operator writes a handful of kinds, always the same way, so a table of kinds and aiohttp
 (already kopf's transport) keep every call non-blocking without the generated client's threads.
-Credentials come from the kubeconfig or the in-cluster service account, like kopf's own."""
+Credentials come from the kubeconfig or the in-cluster service account, like kopf's own.
+
+Every call is bounded and polite to a busy API server (strata.operator.backoff): at most
+``max_in_flight`` requests at once, a timeout sized to the server's recent latency, and retries
+with jittered back-off for timeouts, broken connections, 429 and 5xx. All the operator's calls
+are idempotent (server-side apply, merge patches of whole values, gets, deletes by uid), so a
+retry never does anything twice. An :class:`ApiObserver` sees every request and retry."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -18,6 +26,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from strata.operator import names
+from strata.operator.backoff import Backoff, LatencyTimeout, retry_after_s, retry_reason
 
 Obj = dict[str, Any]
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML, so the body is plain JSON
@@ -71,14 +80,60 @@ def object_path(api_version: str, kind: str, name: str | None, namespace: str | 
     return f"{prefix}/{k.plural}" + (f"/{quote(name)}" if name else "")
 
 
+class ApiObserver(Protocol):
+    """Told about every request the client sends (metrics, the benchmark)."""
+
+    def request(self, verb: str, resource: str, code: str, seconds: float) -> None: ...
+    def retry(self, reason: str) -> None: ...
+    def throttled(self) -> None: ...
+
+
+class _Unobserved:
+    def request(self, verb: str, resource: str, code: str, seconds: float) -> None:
+        pass
+
+    def retry(self, reason: str) -> None:
+        pass
+
+    def throttled(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    max_in_flight: int = 32
+    timeout_floor_s: float = 10.0
+    timeout_ceiling_s: float = 120.0
+    retries: Backoff = field(default_factory=lambda: Backoff(first_s=0.25, max_s=8.0, attempts=6))
+
+
+class _Retry(Exception):
+    """One attempt failed in a way another attempt may not."""
+
+    def __init__(self, reason: str, error: Exception, after_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.reason, self.error, self.after_s = reason, error, after_s
+
+
 class KubeClient:
-    def __init__(self, configuration: k8s_client.Configuration, field_manager: str = names.FIELD_MANAGER):
+    def __init__(
+        self,
+        configuration: k8s_client.Configuration,
+        field_manager: str = names.FIELD_MANAGER,
+        policy: ClientPolicy | None = None,
+    ):
         self._cfg = configuration
         self._field_manager = field_manager
         self._session: aiohttp.ClientSession | None = None
+        self.policy = policy or ClientPolicy()
+        self.observer: ApiObserver = _Unobserved()
+        self.timeout = LatencyTimeout(self.policy.timeout_floor_s, self.policy.timeout_ceiling_s)
+        self._slots = asyncio.Semaphore(self.policy.max_in_flight)
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None) -> KubeClient:
+    def from_environment(
+        cls, kubeconfig: str | None = None, policy: ClientPolicy | None = None
+    ) -> KubeClient:
         """In-cluster credentials when running in a pod, else the kubeconfig (``$KUBECONFIG``)."""
         cfg = k8s_client.Configuration()
         try:
@@ -87,7 +142,7 @@ class KubeClient:
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, client_configuration=cfg, persist_config=False
             )
-        return cls(cfg)
+        return cls(cfg, policy=policy)
 
     def _ssl(self) -> ssl.SSLContext | bool:
         if not self._cfg.verify_ssl:
@@ -105,10 +160,9 @@ class KubeClient:
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=64)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=30)
-            )
+            connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=self.policy.max_in_flight)
+            # No session-wide timeout: each attempt gets one sized to the current latency.
+            self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(None))
         return self._session
 
     async def close(self) -> None:
@@ -137,19 +191,62 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> tuple[int, Obj]:
-        session = await self._http()
         headers = {**self._headers(), "Accept": "application/json"}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
-        url = self._cfg.host.rstrip("/") + path
-        async with session.request(method, url, params=params, data=data, headers=headers) as resp:
-            text = await resp.text()
-            if resp.status >= 400:
-                raise _error(resp.status, text)
-            parsed: Obj = json.loads(text) if text else {}
-            return resp.status, parsed
+        call = _Call(method, path, params, data, headers)
+        backoff = self.policy.retries
+        for attempt in range(backoff.attempts):
+            try:
+                return await self._attempt(call, attempt)
+            except _Retry as retry:
+                if attempt + 1 == backoff.attempts:
+                    raise retry.error from None
+                self.observer.retry(retry.reason)
+                await asyncio.sleep(max(backoff.delay(attempt), retry.after_s))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _attempt(self, call: _Call, attempt: int) -> tuple[int, Obj]:
+        if self._slots.locked():
+            self.observer.throttled()
+        async with self._slots:
+            started = time.monotonic()
+            status, text, retry_after = await self._send(call, self.timeout.for_attempt(attempt))
+            elapsed = time.monotonic() - started
+        verb, resource = describe(call.method, call.path)
+        self.observer.request(verb, resource, str(status), elapsed)
+        if status < 500:
+            self.timeout.observe(elapsed)
+        if status >= 400:
+            error = _error(status, text)
+            reason = retry_reason(status)
+            if reason is not None:
+                raise _Retry(reason, error, retry_after_s(retry_after, self.policy.retries.max_s))
+            raise error
+        parsed: Obj = json.loads(text) if text else {}
+        return status, parsed
+
+    async def _send(self, call: _Call, limit: float) -> tuple[int, str, str | None]:
+        session = await self._http()
+        url = self._cfg.host.rstrip("/") + call.path
+        verb, resource = describe(call.method, call.path)
+        try:
+            async with asyncio.timeout(limit):
+                async with session.request(
+                    call.method, url, params=call.params, data=call.data, headers=call.headers
+                ) as resp:
+                    return resp.status, await resp.text(), resp.headers.get("Retry-After")
+        except TimeoutError:
+            self.observer.request(verb, resource, "timeout", limit)
+            self.timeout.observe(limit)
+            raise _Retry(
+                "timeout", TimeoutError(f"{call.method} {call.path}: no answer in {limit:.0f}s")
+            ) from None
+        except aiohttp.ClientConnectionError as exc:
+            self.observer.request(verb, resource, "connection", 0.0)
+            raise _Retry("connection", exc) from None
 
     async def apply(self, manifest: Mapping[str, Any], *, subresource: str = "") -> Obj:
         return (await self.apply_created(manifest, subresource=subresource))[0]
@@ -200,6 +297,28 @@ class KubeClient:
                 return False
             raise
         return True
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    path: str
+    params: Mapping[str, str] | None
+    data: str | None
+    headers: dict[str, str]
+
+
+def describe(method: str, path: str) -> tuple[str, str]:
+    """(verb, resource) of a request path, as the API server's own metrics name them: ``get``
+    or ``list``, ``patch`` ...; ``pods``, ``inferenceservices/status`` ..."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]  # after /api/v1 or /apis/group/version
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) != 2:
+        rest = rest[2:]  # a namespaced path; /namespaces/<name> itself is the namespace
+    plural, named = (rest[0] if rest else ""), len(rest) > 1
+    resource = plural + (f"/{rest[2]}" if len(rest) > 2 else "")
+    verbs = {"GET": "get" if named else "list", "POST": "create", "PATCH": "patch", "DELETE": "delete"}
+    return verbs.get(method, method.lower()), resource
 
 
 def _error(status: int, text: str) -> KubeError:

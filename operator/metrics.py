@@ -40,5 +40,34 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.api_requests = Counter(
+            "strata_operator_api_requests",
+            "Requests the operator's client sent to the API server, by verb, resource and answer "
+            "(an HTTP code, or timeout / connection).",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.api_retries = Counter(
+            "strata_operator_api_retries",
+            "API requests retried after a back-off, by reason (timeout, connection, throttled, server).",
+            ["reason"],
+            registry=r,
+        )
+        self.api_throttled = Counter(
+            "strata_operator_api_throttled",
+            "API requests that waited for a free slot under the client's in-flight limit.",
+            registry=r,
+        )
+
+    # ApiObserver (strata.operator.kube): the client reports each request here.
+    def request(self, verb: str, resource: str, code: str, seconds: float) -> None:
+        self.api_requests.labels(verb=verb, resource=resource, code=code).inc()
+
+    def retry(self, reason: str) -> None:
+        self.api_retries.labels(reason=reason).inc()
+
+    def throttled(self) -> None:
+        self.api_throttled.inc()
+
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)

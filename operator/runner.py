@@ -1,4 +1,4 @@
-"""One reconcile at a time per service, coalescing triggers, retrying failures with backoff.
+"""One reconcile at a time per service, coalescing triggers, retrying failures with jittered backoff.
 
 Triggers come from many watches (the service, its children, its tier). A reconcile always reads
 fresh state, so any number of triggers that arrive while one runs are served by a single rerun
@@ -11,19 +11,11 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
+from strata.operator.backoff import Backoff
+
 log = logging.getLogger(__name__)
 
 Job = Callable[[], Awaitable[bool]]  # returns True when converged, False to retry later
-
-
-@dataclass(frozen=True)
-class Backoff:
-    first_s: float = 2.0
-    max_s: float = 60.0
-    attempts: int = 8
-
-    def delay(self, attempt: int) -> float:
-        return min(self.max_s, self.first_s * 2.0**attempt)
 
 
 @dataclass

@@ -1,13 +1,12 @@
-"""What the kopf handlers share: the reconcilers, the per-service runner and the metrics.
+"""What the kopf handlers share: the reconcilers, the runners, the watch caches, the metrics.
 
 Built once at operator start-up and kept in kopf's ``memo``; nothing here imports kopf, so
 tests drive it directly."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from strata.operator.children import Applier
 from strata.operator.events import EventSink
@@ -16,52 +15,64 @@ from strata.operator.metrics import OperatorMetrics
 from strata.operator.reconcile import Reconciler, TierReconciler
 from strata.operator.runner import KeyedRunner
 from strata.operator.settings import OperatorSettings
+from strata.operator.views import IndexViews, ServiceKey
 
-ServiceKey = tuple[str, str]  # (namespace, name)
 STATUS, FULL = 1, 2  # runner levels: a full reconcile also refreshes status
-# kopf indices map a key to a store of values; any mapping of iterables reads the same.
-TierIndex = Mapping[str, Iterable[Mapping[str, Any]]]
 
 
 @dataclass
 class Runtime:
     reconciler: Reconciler
     tiers: TierReconciler
-    runner: KeyedRunner
+    runner: KeyedRunner  # per service
+    tier_runner: KeyedRunner  # per tier: status.services follows services coming and going
     metrics: OperatorMetrics
 
     @classmethod
     def build(cls, kube: KubeClient, settings: OperatorSettings, events: EventSink) -> Runtime:
         metrics = OperatorMetrics()
-        applier = Applier(kube, settings, metrics, events)
-        return cls(Reconciler(applier), TierReconciler(applier), KeyedRunner(), metrics)
+        kube.observer = metrics
+        applier = Applier(kube, settings, metrics, events, IndexViews())
+        return cls(Reconciler(applier), TierReconciler(applier), KeyedRunner(), KeyedRunner(), metrics)
 
-    async def reconcile(self, key: ServiceKey, tier_index: TierIndex) -> None:
-        def lookup(name: str) -> Mapping[str, Any] | None:
-            return next(iter(tier_index.get(name, ())), None)
+    @property
+    def views(self) -> IndexViews:
+        return self.reconciler.applier.views
 
+    async def reconcile(self, key: ServiceKey) -> None:
         async def job() -> bool:
-            return await self.reconciler.reconcile_service(key[0], key[1], lookup)
+            return await self.reconciler.reconcile_service(key)
 
         await self.runner.run(key, job, level=FULL)
         self.metrics.managed.set(len(self.runner.keys()))
 
-    async def refresh_status(self, key: ServiceKey, tier_index: TierIndex) -> None:
+    async def refresh_status(self, key: ServiceKey) -> None:
         """Only the workload's status moved: refresh the service's status, apply nothing."""
 
-        def lookup(name: str) -> Mapping[str, Any] | None:
-            return next(iter(tier_index.get(name, ())), None)
-
         async def job() -> bool:
-            return await self.reconciler.refresh_status(key[0], key[1], lookup)
+            return await self.reconciler.refresh_status(key)
 
         await self.runner.run(key, job, level=STATUS)
+
+    async def reconcile_tier(self, name: str) -> None:
+        async def job() -> bool:
+            return await self.tiers.reconcile_tier(name)
+
+        await self.tier_runner.run(name, job)
+
+    async def recount_tiers(self) -> None:
+        """A service came, went or changed tier: each tier's status.services, if it moved."""
+        await asyncio.gather(*(self.reconcile_tier(name) for name in list(self.views.tiers)))
 
     def forget(self, key: ServiceKey) -> None:
         self.runner.forget(key)
         self.reconciler.applier.forget(*key)
+        managed = self.runner.keys()
+        last = not any(k[0] == key[0] for k in managed if isinstance(k, tuple))
+        self.reconciler.forget(key, last_in_namespace=last)
         self.metrics.managed.set(len(self.runner.keys()))
 
     async def close(self) -> None:
         await self.runner.close()
+        await self.tier_runner.close()
         await self.reconciler.applier.kube.close()

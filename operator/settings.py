@@ -39,6 +39,10 @@ class OperatorSettings:
     # Testing and debugging only: when set (host:port), every pod's /metrics is fetched from
     # there instead of from the pod IP (KWOK pods have no reachable IP).
     scrape_address: str = ""
+    # The API client: the shortest timeout of a request (it grows with the server's latency)
+    # and how many requests may be in flight at once.
+    api_timeout_s: int = 10
+    api_max_in_flight: int = 32
 
 
 _ENV = {
@@ -51,6 +55,8 @@ _ENV = {
     "metrics_port": "STRATA_METRICS_PORT",
     "autoscale_interval_s": "STRATA_AUTOSCALE_INTERVAL_S",
     "scrape_address": "STRATA_SCRAPE_ADDRESS",
+    "api_timeout_s": "STRATA_API_TIMEOUT_S",
+    "api_max_in_flight": "STRATA_API_MAX_IN_FLIGHT",
 }
 
 
@@ -81,7 +87,13 @@ def _convert(key: str, raw: str) -> Any:
         return raw
     if key == "tolerations":
         return _tolerations(raw)
-    if key in ("peering_lifetime_s", "metrics_port", "autoscale_interval_s"):
+    if key in (
+        "peering_lifetime_s",
+        "metrics_port",
+        "autoscale_interval_s",
+        "api_timeout_s",
+        "api_max_in_flight",
+    ):
         return _positive_number(key, raw)
     if key == "scrape_address":
         return _host_port(raw)

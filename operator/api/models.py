@@ -398,7 +398,11 @@ class Signals(StatusModel):
         None, ge=0, description="Requests queued across replicas (requests)."
     )
     prefix_hit_ratio: PrefixHitRatio | None = Field(None, description="Prefix-cache hit ratio per tier.")
-    observed_at: datetime | None = Field(None, description="When the signals were scraped (RFC 3339).")
+    observed_at: datetime | None = Field(
+        None,
+        description="When these values were scraped (RFC 3339); written only when a signal changes, "
+        "so an idle service keeps the time of its last change.",
+    )
 
 
 class ScalingDecision(StatusModel):

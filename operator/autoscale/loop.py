@@ -4,7 +4,9 @@
 One background task, started by the operator at start-up (kopf timers and daemons would add
 finalizers to every InferenceService). Each interval it asks the peering object whether this
 replica is the active one; a standby only forgets what it knew. Previous scrapes live in memory,
-keyed by service uid, so the first interval after a (re)start only primes them."""
+keyed by service uid, so the first interval after a (re)start only primes them. Services, their
+ready pods and tiers come from the operator's watch caches, and ``status.signals`` is written
+only when a signal moved: an idle fleet costs the API server nothing here."""
 
 from __future__ import annotations
 
@@ -22,13 +24,14 @@ from strata.operator import names
 from strata.operator.autoscale.decide import Decision, History, Observation, Policy, decide
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.autoscale.peering import is_active
-from strata.operator.autoscale.pods import MERGE_PATCH, list_pods, metrics_url, ready
+from strata.operator.autoscale.pods import MERGE_PATCH, metrics_url
 from strata.operator.autoscale.scalein import ScaleIn
 from strata.operator.autoscale.signals import Aggregate, Scrape, aggregate
 from strata.operator.events import EventSink
 from strata.operator.kube import KubeClient, KubeError, Obj, object_path
 from strata.operator.replicas import desired_replicas
 from strata.operator.resolve import SERVER_PORT
+from strata.operator.views import IndexViews, PodRef
 
 log = logging.getLogger(__name__)
 # Its own field manager: the reconciler's server-side apply of status must not own (and so
@@ -55,9 +58,11 @@ class Autoscaler:
     services: Callable[[], Iterable[ServiceKey]]  # the services this replica manages
     peering: Peering
     scrape_address: str = ""  # testing override: every pod's metrics come from this host:port
+    views: IndexViews = field(default_factory=IndexViews)
     clock: Callable[[], float] = time.monotonic
     scrapes: dict[str, Scrape] = field(default_factory=dict)
     histories: dict[str, History] = field(default_factory=dict)
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> signals last written
     _http: aiohttp.ClientSession | None = None
     _limit: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SCRAPE_CONCURRENCY))
     scale_in: ScaleIn = field(init=False)
@@ -78,6 +83,7 @@ class Autoscaler:
         if not await self._active():
             self.scrapes.clear()  # a standby's memory would be stale when it takes over
             self.histories.clear()
+            self.written.clear()
             return
         keys = list(self.services())
         seen = await asyncio.gather(*(self.service(ns, name) for ns, name in keys))
@@ -85,6 +91,7 @@ class Autoscaler:
         for gone in set(self.scrapes) - live:
             self.scrapes.pop(gone, None)
             self.histories.pop(gone, None)
+            self.written.pop(gone, None)
 
     async def close(self) -> None:
         if self._http is not None:
@@ -93,7 +100,7 @@ class Autoscaler:
     async def service(self, namespace: str, name: str) -> str | None:
         """One service's interval; returns its uid while it exists."""
         try:
-            isvc = await self.kube.get(names.API_VERSION, names.ISVC_KIND, name, namespace)
+            isvc = self.views.service((namespace, name))
             if isvc is None or isvc["metadata"].get("deletionTimestamp"):
                 return None
             uid = str(isvc["metadata"]["uid"])
@@ -131,20 +138,22 @@ class Autoscaler:
         return is_active(peers, self.peering.priority, datetime.now(UTC))
 
     async def _scrape_pods(self, namespace: str, name: str) -> dict[str, PodSample]:
-        pods = [p for p in await list_pods(self.kube, namespace, name) if ready(p)]
+        pods = self.views.ready_pods((namespace, name))
         results = await asyncio.gather(*(self._scrape(p) for p in pods))
         return {uid: sample for uid, sample in results if sample is not None}
 
-    async def _scrape(self, pod: Obj) -> tuple[str, PodSample | None]:
-        uid = str(pod["metadata"]["uid"])
-        ip = str(pod["status"]["podIP"])
-        url = f"http://{self.scrape_address}/metrics" if self.scrape_address else metrics_url(ip, SERVER_PORT)
+    async def _scrape(self, pod: PodRef) -> tuple[str, PodSample | None]:
+        url = (
+            f"http://{self.scrape_address}/metrics"
+            if self.scrape_address
+            else metrics_url(pod.ip, SERVER_PORT)
+        )
         text = await self._get_text(url)
         try:
-            return uid, parse_exposition(text) if text is not None else None
+            return pod.uid, parse_exposition(text) if text is not None else None
         except MetricsError as exc:
-            log.debug("autoscaler: metrics of %s (%s) unreadable: %s", pod["metadata"]["name"], url, exc)
-            return uid, None
+            log.debug("autoscaler: metrics of %s (%s) unreadable: %s", pod.name, url, exc)
+            return pod.uid, None
 
     async def _get_text(self, url: str) -> str | None:
         """GET under the scrape limit: the body, or None (logged at debug level) on any failure."""
@@ -167,13 +176,20 @@ class Autoscaler:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
         return self._http
 
-    async def _write_signals(self, isvc: Obj, agg: Aggregate) -> None:
-        await self._patch_status(isvc, {"signals": signals_status(agg, datetime.now(UTC))})
+    async def _write_signals(self, isvc: Mapping[str, Any], agg: Aggregate) -> None:
+        """Only when a signal moved: an unchanged scrape is no news, whatever its timestamp."""
+        uid = str(isvc["metadata"]["uid"])
+        new = signals_status(agg, datetime.now(UTC))
+        before = self.written.get(uid, (isvc.get("status") or {}).get("signals"))
+        if not signals_changed(before, new):
+            return
+        await self._patch_status(isvc, {"signals": new})
+        self.written[uid] = new
 
-    async def _patch_status(self, isvc: Obj, status: Mapping[str, Any]) -> None:
+    async def _patch_status(self, isvc: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         await self._merge_patch(isvc, "status", {"status": status})
 
-    async def _merge_patch(self, isvc: Obj, subresource: str, body: Mapping[str, Any]) -> None:
+    async def _merge_patch(self, isvc: Mapping[str, Any], subresource: str, body: Mapping[str, Any]) -> None:
         """A merge patch of one of the service's subresources under the autoscaler's own manager."""
         meta = isvc["metadata"]
         path = object_path(names.API_VERSION, names.ISVC_KIND, meta["name"], meta["namespace"])
@@ -185,9 +201,9 @@ class Autoscaler:
             content_type=MERGE_PATCH,
         )
 
-    async def _scale(self, isvc: Obj, uid: str, agg: Aggregate, now: float) -> None:
+    async def _scale(self, isvc: Mapping[str, Any], uid: str, agg: Aggregate, now: float) -> None:
         spec = isvc.get("spec", {})
-        tier = await self.kube.get(names.API_VERSION, names.TIER_KIND, str(spec.get("tier", "standard")))
+        tier = self.views.tier(str(spec.get("tier", "standard")))
         if tier is None:
             return  # the reconciler reports the missing tier; nothing to scale within
         try:
@@ -215,7 +231,7 @@ class Autoscaler:
         if decision.changes(current):
             await self._apply(isvc, current, decision)
 
-    async def _apply(self, isvc: Obj, current: int, decision: Decision) -> None:
+    async def _apply(self, isvc: Mapping[str, Any], current: int, decision: Decision) -> None:
         meta = isvc["metadata"]
         if 0 < decision.replicas < current:  # the coldest pod goes first
             latest = self.scrapes.get(str(meta["uid"]))
@@ -243,6 +259,16 @@ def signals_status(agg: Aggregate, now: datetime) -> dict[str, Any]:
         "prefixHitRatio": {t: round(r, 4) for t, r in agg.prefix_hit_ratio.items()} or None,
         "observedAt": _rfc3339(now),
     }
+
+
+def signals_changed(before: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether any signal differs; the time of the scrape is not a change, and an unknown
+    signal (null, removed by the merge patch) equals an absent one."""
+
+    def known(signals: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {k: v for k, v in (signals or {}).items() if v is not None and k != "observedAt"}
+
+    return known(before) != known(new)
 
 
 def _rfc3339(when: datetime) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from strata.operator import names
 from strata.operator.kube import KubeClient, Obj
+from strata.operator.views import ready_pod
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -19,10 +20,7 @@ async def list_pods(kube: KubeClient, namespace: str, name: str) -> list[Obj]:
 
 def ready(pod: Obj) -> bool:
     """Ready, with an IP, and not terminating."""
-    status = pod.get("status") or {}
-    if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return ready_pod(pod) is not None
 
 
 def metrics_url(ip: str, port: int) -> str:

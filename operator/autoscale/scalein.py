@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from strata.operator.api import EngineSpec
 from strata.operator.autoscale.cachevalue import (
@@ -47,7 +48,7 @@ class ScaleIn:
         for uid in [u for u, s in self.scores.items() if current.time - s.at > FORGET_AFTER_S]:
             del self.scores[uid]
 
-    async def prepare(self, isvc: Obj, latest: Scrape | None, now: float) -> str:
+    async def prepare(self, isvc: Mapping[str, Any], latest: Scrape | None, now: float) -> str:
         """Before a scale-down: rank the ready pods and set their deletion costs; the Event note."""
         meta = isvc["metadata"]
         pods = await list_pods(self.kube, meta["namespace"], meta["name"])

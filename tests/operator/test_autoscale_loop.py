@@ -1,5 +1,7 @@
 """The autoscaler's glue against an in-memory API and a real HTTP metrics endpoint: priming,
-signals in every mode, scaling only in builtin mode, and a standby that does nothing."""
+signals in every mode (written only when one moved), scaling only in builtin mode, and a
+standby that does nothing. Services, pods and tiers come from the watch caches: the only
+requests are writes."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
-from strata.operator.autoscale.loop import Autoscaler, Peering
+from strata.operator.autoscale.loop import Autoscaler, Peering, signals_changed
 from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeClient, Obj
+from strata.operator.views import IndexViews, PodRef
 
 EXPOSITION = """\
 strata_worker_kv_cache_usage_ratio {kv}
@@ -42,8 +45,17 @@ class FakeKube(KubeClient):
         self.peers = peers
         self.patches: list[tuple[str, Any]] = []
 
+    @property
+    def views(self) -> IndexViews:
+        """The watch caches, as they hold this fake's objects now."""
+        return IndexViews(
+            services={("ns", "chat"): [self.isvc]},
+            tiers={"t": [self.tier]},
+            pods={("ns", "chat"): [PodRef("pa", "a", "10.0.0.1")]},  # the ready one of its pods
+        )
+
     async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
-        return self.isvc if kind == "InferenceService" else self.tier
+        raise AssertionError(f"the autoscaler reads {kind} from the watch cache, not the API server")
 
     async def request(
         self,
@@ -54,7 +66,7 @@ class FakeKube(KubeClient):
         body: Any = None,
         content_type: str = "application/json",
     ) -> Obj:
-        if path.endswith("/pods"):
+        if path.endswith("/pods"):  # only a scale-down lists them, to rank them by cache
             ready = {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
             unready = {"podIP": "10.0.0.2", "conditions": [{"type": "Ready", "status": "False"}]}
             return {
@@ -94,7 +106,9 @@ async def metrics_server(kv: float = 0.95) -> AsyncIterator[str]:
 
 
 def autoscaler(kube: FakeKube, address: str, peering: Peering = Peering(None, 0)) -> Autoscaler:
-    return Autoscaler(kube, RecordedEvents(), lambda: [("ns", "chat")], peering, scrape_address=address)
+    return Autoscaler(
+        kube, RecordedEvents(), lambda: [("ns", "chat")], peering, scrape_address=address, views=kube.views
+    )
 
 
 async def test_first_interval_primes_then_signals_and_a_builtin_scale() -> None:
@@ -124,25 +138,33 @@ async def test_first_interval_primes_then_signals_and_a_builtin_scale() -> None:
         assert "kvCacheUsage 0.95 > target 0.50: 2 -> 3 (max step 1)" in scaler.events.events[0][3]
 
 
-async def test_mode_off_reports_signals_and_never_scales() -> None:
+async def test_mode_off_reports_signals_once_while_they_hold_and_never_scales() -> None:
     async with metrics_server() as address:
         kube = FakeKube("off")
         scaler = autoscaler(kube, address)
-        for _ in range(3):
+        for _ in range(4):
             await scaler.tick()
         await scaler.close()
-        assert [what for what, _ in kube.patches] == ["status", "status"]
-        assert all("signals" in body["status"] for _, body in kube.patches)
+        # Every interval after priming sees the same rates: one write, then nothing moved.
+        assert [what for what, _ in kube.patches] == ["status"]
+        assert "signals" in kube.patches[0][1]["status"]
 
 
-async def test_an_unreachable_worker_leaves_signals_unknown_and_replicas_alone() -> None:
+async def test_an_unreachable_worker_writes_nothing_and_leaves_replicas_alone() -> None:
     kube = FakeKube("builtin")
     scaler = autoscaler(kube, "127.0.0.1:9")  # discard port: connection refused
     await scaler.tick()
     await scaler.tick()
     await scaler.close()
-    ((what, body),) = kube.patches
-    assert what == "status" and body["status"]["signals"]["kvCacheUsage"] is None
+    assert kube.patches == []  # unknown signals are absent signals: no news, no write
+
+
+def test_a_signal_moved_is_a_change_and_a_new_scrape_time_is_not() -> None:
+    before = {"kvCacheUsage": 0.5, "ttftP95Ms": None, "observedAt": "2026-01-01T00:00:00Z"}
+    assert not signals_changed(before, {**before, "observedAt": "2026-01-01T00:05:00Z"})
+    assert not signals_changed(None, {"kvCacheUsage": None, "observedAt": "2026-01-01T00:05:00Z"})
+    assert signals_changed(before, {**before, "kvCacheUsage": 0.6})
+    assert signals_changed(before, {**before, "kvCacheUsage": None})
 
 
 async def test_a_standby_replica_neither_scrapes_nor_remembers() -> None:

@@ -57,12 +57,23 @@ def test_default_tiers_are_installed_behind_a_toggle():
     assert by_kind(render("serviceTiers.install=false"), "ServiceTier") == []
 
 
-def test_rbac_grants_no_wildcards_and_no_secrets():
+def test_rbac_grants_no_wildcards_no_secrets_and_no_gets_of_what_is_watched():
     (role,) = by_kind(render(), "ClusterRole")
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
         assert "secrets" not in rule["resources"]
         assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+    # Reads come from the watches' caches: nothing is fetched one object at a time.
+    reads = {r: set(rule["verbs"]) for rule in role["rules"] for r in rule["resources"]}
+    for resource in (
+        "inferenceservices",
+        "servicetiers",
+        "deployments",
+        "statefulsets",
+        "configmaps",
+        "pods",
+    ):
+        assert "get" not in reads[resource] and {"list", "watch"} <= reads[resource], resource
     (binding,) = by_kind(render(), "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "strata", "namespace": "strata-system"}]
 

@@ -1,9 +1,12 @@
-"""The reconcile loop against an in-memory API: what it writes, what it leaves alone, what it says."""
+"""The reconcile loop against an in-memory API: what it writes, what it leaves alone, what it says.
+
+The watch caches it reads are live views of the fake API's objects, as kopf's indices would be."""
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,8 +14,9 @@ from strata.operator.children import Applier
 from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeError
 from strata.operator.metrics import OperatorMetrics
-from strata.operator.reconcile import Reconciler
+from strata.operator.reconcile import Reconciler, TierReconciler
 from strata.operator.settings import OperatorSettings
+from strata.operator.views import IndexViews
 
 from .factories import NS_UID, isvc_body, tier_body
 
@@ -56,6 +60,7 @@ class FakeKube:
             assert current is not None
             current["status"] = copy.deepcopy(manifest["status"])
             self.writes.append(("status", key))
+            current["metadata"]["resourceVersion"] = str(len(self.writes))  # every write moves it
             return copy.deepcopy(current), False
         body = {k: copy.deepcopy(v) for k, v in manifest.items() if k != "metadata"}
         if current is not None and json.dumps(_strip(current), sort_keys=True) == json.dumps(
@@ -67,7 +72,7 @@ class FakeKube:
             "metadata": {
                 **copy.deepcopy(meta),
                 "uid": f"uid-{key}",
-                "resourceVersion": str(len(self.writes)),
+                "resourceVersion": str(len(self.writes) + 1),
             },
         }
         if manifest["kind"] in GENERATION_KINDS:  # like the API server: ConfigMaps have none
@@ -92,19 +97,59 @@ def _strip(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
+class Live(Mapping[tuple[str, str], list[dict[str, Any]]]):
+    """The fake API's objects of one kind by (namespace, service): a watch cache that is never late."""
+
+    def __init__(self, kube: FakeKube, kind: str, service: Callable[[dict[str, Any]], str | None]):
+        self.kube, self.kind, self.service = kube, kind, service
+
+    def _found(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for (kind, namespace, _), obj in self.kube.objects.items():
+            name = self.service(obj)
+            if kind == self.kind and name:
+                found.setdefault((namespace, name), []).append(obj)
+        return found
+
+    def __getitem__(self, key: tuple[str, str]) -> list[dict[str, Any]]:
+        return self._found()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._found())
+
+    def __len__(self) -> int:
+        return len(self._found())
+
+
+def views_of(kube: FakeKube) -> IndexViews:
+    def label(obj: dict[str, Any]) -> str | None:
+        labels: dict[str, str] = obj["metadata"].get("labels", {})
+        return labels.get("strata.dev/inferenceservice")
+
+    return IndexViews(
+        services=Live(kube, "InferenceService", lambda obj: obj["metadata"]["name"]),
+        workloads=(Live(kube, "Deployment", label), Live(kube, "StatefulSet", label)),
+    )
+
+
 def setup(tier: str = "standard", **spec: Any):
     kube = FakeKube()
     kube.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "uid": NS_UID}})
     kube.put(isvc_body(tier=tier, **spec))
     events = RecordedEvents()
-    applier = Applier(kube, OperatorSettings(), OperatorMetrics(), events)  # type: ignore[arg-type]
+    applier = Applier(kube, OperatorSettings(), OperatorMetrics(), events, views_of(kube))  # type: ignore[arg-type]
     reconciler = Reconciler(applier, now=lambda: datetime(2026, 1, 1, tzinfo=UTC))
     return kube, events, reconciler
 
 
-def tiers(*names: str, **overrides: Any):
-    bodies = {n: tier_body(n, **overrides) for n in names}
-    return bodies.get
+def tiers(reconciler: Reconciler, *names: str, **overrides: Any) -> Reconciler:
+    """The tiers the watch cache holds from now on."""
+    reconciler.views.tiers = {n: [tier_body(n, **overrides)] for n in names}
+    return reconciler
+
+
+async def reconcile(reconciler: Reconciler, *tier_names: str, **overrides: Any) -> bool:
+    return await tiers(reconciler, *tier_names, **overrides).reconcile_service(("team-a", "chat"))
 
 
 def conditions(kube: FakeKube, name: str = "chat") -> dict[str, dict[str, Any]]:
@@ -114,10 +159,16 @@ def conditions(kube: FakeKube, name: str = "chat") -> dict[str, dict[str, Any]]:
 
 async def test_first_reconcile_creates_every_child_and_reports():
     kube, events, reconciler = setup()
-    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert await reconcile(reconciler, "standard")
     kinds = {k[0] for k in kube.objects}
     assert {"ConfigMap", "Service", "PodDisruptionBudget", "Deployment", "PriorityClass"} <= kinds
-    assert events.reasons().count("Created") == 6  # PriorityClass, ConfigMap, 2 Services, PDB, Deployment
+    # One Event for the tier's PriorityClass, one listing every child of the service.
+    assert events.reasons().count("Created") == 2
+    (listing,) = [e[3] for e in events.events if e[0] == "chat" and e[2] == "Created"]
+    children = (
+        "ConfigMap chat-config, Deployment chat, PodDisruptionBudget chat, Service chat, Service chat-metrics"
+    )
+    assert listing == f"created {children}"
     conds = conditions(kube)
     assert conds["Accepted"]["status"] == "True" and conds["Ready"]["status"] == "False"
     assert "Warning" not in {e[1] for e in events.events}
@@ -125,18 +176,18 @@ async def test_first_reconcile_creates_every_child_and_reports():
 
 async def test_second_reconcile_writes_nothing_and_says_nothing():
     kube, events, reconciler = setup()
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    await reconcile(reconciler, "standard")
     writes, said = len(kube.writes), len(events.events)
-    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert await reconcile(reconciler, "standard")
     assert kube.writes[writes:] == [] and events.events[said:] == []
 
 
 async def test_missing_tier_touches_no_child():
     kube, events, reconciler = setup()
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    await reconcile(reconciler, "standard")
     workload = copy.deepcopy(kube.objects[("Deployment", "team-a", "chat")])
     writes = len(kube.writes)
-    assert await reconciler.reconcile_service("team-a", "chat", tiers())
+    assert await reconcile(reconciler)
     assert [w for w in kube.writes[writes:] if w[0] != "status"] == []
     assert kube.objects[("Deployment", "team-a", "chat")] == workload
     conds = conditions(kube)
@@ -146,10 +197,8 @@ async def test_missing_tier_touches_no_child():
 
 async def test_persistent_nvme_tier_replaces_the_deployment_with_a_statefulset():
     kube, events, reconciler = setup()
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
-    assert await reconciler.reconcile_service(
-        "team-a", "chat", tiers("standard", cache={"nvme": {"survivesRestart": True}})
-    )
+    await reconcile(reconciler, "standard")
+    assert await reconcile(reconciler, "standard", cache={"nvme": {"survivesRestart": True}})
     assert ("Deployment", "team-a", "chat") not in kube.objects
     assert ("StatefulSet", "team-a", "chat") in kube.objects
     assert "Replaced" in events.reasons()
@@ -158,37 +207,37 @@ async def test_persistent_nvme_tier_replaces_the_deployment_with_a_statefulset()
 async def test_api_failure_is_reported_and_retried():
     kube, _, reconciler = setup()
     kube.fail_kinds = {"Deployment"}
-    assert not await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert not await reconcile(reconciler, "standard")
     conds = conditions(kube)
     assert conds["Degraded"]["reason"] == "ReconcileError" and "etcd is sad" in conds["Degraded"]["message"]
     kube.fail_kinds = set()
-    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert await reconcile(reconciler, "standard")
     assert conditions(kube)["Degraded"]["status"] == "False"
 
 
 async def test_deleted_service_is_left_to_garbage_collection():
     kube, _, reconciler = setup()
     del kube.objects[("InferenceService", "team-a", "chat")]
-    assert await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    assert await reconcile(reconciler, "standard")
     assert kube.writes == []
 
 
 async def test_status_refresh_applies_nothing_once_reconciled():
     kube, _, reconciler = setup()
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    await reconcile(reconciler, "standard")
     deployment = kube.objects[("Deployment", "team-a", "chat")]
     deployment["status"] = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "observedGeneration": 1}
     writes = len(kube.writes)
-    assert await reconciler.refresh_status("team-a", "chat", tiers("standard"))
+    assert await tiers(reconciler, "standard").refresh_status(("team-a", "chat"))
     assert [w[0] for w in kube.writes[writes:]] == ["status"]
     assert conditions(kube)["Ready"]["status"] == "True"
 
 
 async def test_status_refresh_of_a_rejected_service_reconciles_fully():
     kube, _, reconciler = setup()
-    await reconciler.reconcile_service("team-a", "chat", tiers())
+    await reconcile(reconciler)
     assert conditions(kube)["Accepted"]["status"] == "False"
-    assert await reconciler.refresh_status("team-a", "chat", tiers("standard"))
+    assert await tiers(reconciler, "standard").refresh_status(("team-a", "chat"))
     assert conditions(kube)["Accepted"]["status"] == "True"
     assert ("Deployment", "team-a", "chat") in kube.objects
 
@@ -196,7 +245,7 @@ async def test_status_refresh_of_a_rejected_service_reconciles_fully():
 async def test_unchanged_children_are_not_reapplied_until_a_watch_shows_a_change():
     kube, events, reconciler = setup()
     applier = reconciler.applier
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    await reconcile(reconciler, "standard")
     calls: list[str] = []
     original = kube.apply_created
 
@@ -205,19 +254,49 @@ async def test_unchanged_children_are_not_reapplied_until_a_watch_shows_a_change
         return await original(manifest, subresource=subresource)
 
     kube.apply_created = counting
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    await reconcile(reconciler, "standard")
     assert calls == []
     # Someone edits the ConfigMap: the watch shows a resourceVersion we did not write.
     cm = kube.objects[("ConfigMap", "team-a", "chat-config")]
     cm["data"] = {"worker.yaml": "hacked"}
     cm["metadata"]["resourceVersion"] = "999"
     applier.observe("ConfigMap", cm["metadata"], deleted=False)
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    await reconcile(reconciler, "standard")
     assert calls == ["ConfigMap"]
     assert kube.objects[("ConfigMap", "team-a", "chat-config")]["data"]["worker.yaml"] != "hacked"
     assert "Updated" in events.reasons()
     # Deleted: re-created.
     del kube.objects[("Service", "team-a", "chat-metrics")]
     applier.observe("Service", {"namespace": "team-a", "name": "chat-metrics"}, deleted=True)
-    await reconciler.reconcile_service("team-a", "chat", tiers("standard"))
+    await reconcile(reconciler, "standard")
     assert ("Service", "team-a", "chat-metrics") in kube.objects
+
+
+async def test_a_refresh_before_the_cache_shows_our_own_status_write_writes_nothing_again():
+    kube, _, reconciler = setup()
+    await reconcile(reconciler, "standard")
+    stale = copy.deepcopy(kube.objects[("InferenceService", "team-a", "chat")])
+    stale["status"], stale["metadata"]["resourceVersion"] = {}, "1"  # the watch is behind our write
+    reconciler.views.services = {("team-a", "chat"): [stale]}
+    writes = len(kube.writes)
+    assert await reconciler.refresh_status(("team-a", "chat"))
+    assert kube.writes[writes:] == []
+
+
+async def test_a_tier_reports_its_class_and_service_count_and_writes_only_changes():
+    kube, _, reconciler = setup()
+    tiers(reconciler, "standard")
+    tier = reconciler.views.tiers["standard"][0]
+    kube.put(copy.deepcopy(tier))
+    reconciler.views.services_by_tier = {"standard": [("team-a", "chat")]}
+    tiers_reconciler = TierReconciler(reconciler.applier)
+    assert await tiers_reconciler.reconcile_tier("standard")
+    written = kube.objects[("ServiceTier", "", "standard")]["status"]
+    assert written["services"] == 1 and written["priorityClassName"] == "strata-standard"
+    applies = len(kube.writes)
+    assert await tiers_reconciler.reconcile_tier("standard")  # nothing moved: no write, no apply
+    assert kube.writes[applies:] == []
+    reconciler.views.services_by_tier = {"standard": [("team-a", "chat"), ("team-b", "x")]}
+    assert await tiers_reconciler.reconcile_tier("standard")
+    assert kube.writes[applies:] == [("status", ("ServiceTier", "", "standard"))]
+    assert kube.objects[("ServiceTier", "", "standard")]["status"]["services"] == 2

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from strata.operator.runner import Backoff, KeyedRunner
+from strata.operator.backoff import Backoff
+from strata.operator.runner import KeyedRunner
 
 
 async def test_triggers_during_a_run_coalesce_into_one_rerun():
@@ -72,9 +73,11 @@ async def test_exceptions_count_as_failures_and_forget_stops_retries():
     await runner.close()
 
 
-def test_backoff_doubles_up_to_the_cap():
+def test_backoff_doubles_up_to_the_cap_with_jitter_in_its_upper_half():
     b = Backoff(first_s=1, max_s=5)
-    assert [b.delay(i) for i in range(5)] == [1, 2, 4, 5, 5]
+    assert [b.ceiling(i) for i in range(5)] == [1, 2, 4, 5, 5]
+    assert [b.delay(i, draw=lambda: 0.0) for i in range(3)] == [0.5, 1, 2]
+    assert [b.delay(i, draw=lambda: 1.0) for i in range(3)] == [1, 2, 4]
 
 
 async def test_a_stronger_job_replaces_a_weaker_pending_one():

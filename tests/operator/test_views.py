@@ -1,0 +1,59 @@
+"""The watch-cache views: what the indices keep of a pod, a workload, a service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata.operator.views import IndexViews, PodRef, owning_service, ready_pod, snapshot
+
+READY = [{"type": "Ready", "status": "True"}]
+
+
+def pod(ip: str = "10.0.0.1", conditions=READY, **meta: str) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "uid": "u", **meta}, "status": {"podIP": ip, "conditions": conditions}}
+
+
+def test_only_ready_pods_with_an_ip_that_are_not_going_away_are_kept() -> None:
+    assert ready_pod(pod()) == PodRef("u", "p", "10.0.0.1")
+    assert ready_pod(pod(conditions=[{"type": "Ready", "status": "False"}])) is None
+    assert ready_pod(pod(ip="")) is None
+    assert ready_pod(pod(deletionTimestamp="2026-01-01T00:00:00Z")) is None
+
+
+def test_children_are_keyed_by_the_service_label_in_their_namespace() -> None:
+    assert owning_service({"strata.dev/inferenceservice": "chat"}, "team-a") == ("team-a", "chat")
+    assert (
+        owning_service({}, "team-a") is None
+        and owning_service({"strata.dev/inferenceservice": "c"}, None) is None
+    )
+
+
+def test_a_snapshot_keeps_the_object_not_the_event() -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "X",
+        "metadata": {"name": "a"},
+        "spec": {},
+        "status": {},
+        "type": "ADDED",
+    }
+    assert snapshot(body) == {k: v for k, v in body.items() if k != "type"}
+
+
+def test_views_read_services_tiers_workloads_and_counts() -> None:
+    views = IndexViews()
+    assert views.service(("a", "b")) is None and not views.bound
+    deployment = {"kind": "Deployment", "metadata": {"name": "chat"}}
+    views.bind(
+        services={("a", "chat"): [{"metadata": {"name": "chat"}}]},
+        tiers={"standard": [{"metadata": {"name": "standard"}}]},
+        workloads=({("a", "chat"): [deployment]}, {}),
+        pods={("a", "chat"): [PodRef("u", "p", "10.0.0.1")]},
+        services_by_tier={"standard": [("a", "chat"), ("b", "x")]},
+    )
+    assert views.bound and views.service(("a", "chat")) == {"metadata": {"name": "chat"}}
+    assert (
+        views.workload(("a", "chat")) is deployment and views.workload(("a", "chat"), "StatefulSet") is None
+    )
+    assert views.ready_pods(("a", "chat")) == [PodRef("u", "p", "10.0.0.1")]
+    assert views.tier_services("standard") == 2 and views.tier_services("batch") == 0
