@@ -1,144 +1,300 @@
-"""Operator at scale: 300 InferenceServices on 50 fake GPU nodes, from apply to Ready.
+"""Operator at fleet scale, measured against the API server's own limit in the same run.
 
-Starts its own control plane (KWOK nodes), runs the operator as the chart's ServiceAccount
-(strata.stack, as in the end-to-end tests), applies every service at once across 10 tenant namespaces, and
-polls until each is Ready. Ready means the operator rendered and applied every child, the
-scheduler placed the GPU pod, KWOK ran it, and the operator saw the ready replica and wrote
-status: the whole path a tenant waits for, minus image pulls and model loading."""
+Starts its own control plane with ``nodes`` KWOK GPU nodes, installs the chart, and measures:
+
+1. raw: the API server alone creating as many ConfigMaps as the burst's services have children,
+   each as large as the child it stands for, with the operator's own client (strata.operator.kube)
+   and its in-flight limit, before the operator runs;
+2. burst: ``services`` InferenceServices in ``tenants`` namespaces, applied at once: until every
+   child exists (a service's workload is applied after its other children, so a watch on the
+   workloads sees that) and until every service is Ready by status;
+3. steady: services applied at ``rate_per_s`` for ``steady_s``: apply -> all children and
+   apply -> Ready, p50 and p99;
+4. idle: ``idle_s`` with every service Ready and no traffic.
+
+Reconciles, status refreshes, retries and client-side throttling come from the operator's own
+metrics; its requests (watches and Events included) and any 429s from the API server's own
+counters (bench.fleet.flow_schema). Readiness is watched by bench.watch: a dropped watch resumes,
+and a phase that times out says how many services were Ready by status at that moment.
+
+Heavy: 1,600 services on 100 fake nodes keep a small machine busy for a long while. Run it
+alone, in the background (``nice python -m bench operator``); ``Scale`` shrinks it."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import statistics
-import subprocess
 import tempfile
-import threading
 import time
+import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from strata.cluster import Cluster, ClusterConfig, launch
-from strata.cluster.binaries import find_bin_dir
-from strata.stack import OperatorProcess, inference_service, install_chart
+from bench import fleet
+from bench.watch import FirstSeen, ResumableWatch, WatchTimeout, ready
+from strata.cluster import Cluster, ClusterConfig, GpuNodeShape, find_bin_dir, launch
+from strata.stack import OperatorProcess, install_chart
 
-SERVICES = 300
-NODES = 50
-TENANTS = 10
-TIMEOUT_S = 900
+ISVC_PATH = "/apis/strata.dev/v1alpha1/inferenceservices"
+WORKLOAD_PATH = "/apis/apps/v1/deployments"
+MANAGED = "app.kubernetes.io/managed-by=strata-operator"
+SERVICE_LABEL = "strata.dev/inferenceservice"
+TARGETS = {  # issue 15's thresholds
+    "idle_api_requests_per_service_per_min": 0.5,
+    "burst_children_over_raw": 1.5,
+    "steady_children_p99_s": 1.0,
+    "operator_peak_rss_mb": 200.0,
+    "reconciles_per_service": 2.0,
+}
 
 
-def run() -> dict[str, Any]:
+@dataclass(frozen=True)
+class Scale:
+    services: int = 1000  # the burst
+    tenants: int = 20
+    nodes: int = 100
+    gpus_per_node: int = 20  # 2,000 GPUs: room for the burst and the steady services, one each
+    rate_per_s: float = 10.0
+    steady_s: float = 60.0
+    idle_s: float = 300.0
+    timeout_s: float = 1800.0  # per wait; a phase that runs out reports how far it got
+
+
+@dataclass(frozen=True)
+class Counters:
+    at: float
+    reconciles: float
+    refreshes: float
+    client_requests: float
+    retries: float
+    throttled: float
+    client_429: float
+    operator_requests: float  # all of the operator's requests, as the API server counted them
+    rejected_429: float
+    operator_cpu_s: float
+    apiserver_cpu_s: float
+
+    def since(self, before: Counters) -> dict[str, float]:
+        now, then = asdict(self), asdict(before)
+        return {k: round(now[k] - then[k], 2) for k in now}
+
+
+class Fleet:
+    """The cluster, the operator and the two watches the phases share."""
+
+    def __init__(self, cluster: Cluster, operator: OperatorProcess, scale: Scale) -> None:
+        self.cluster, self.operator, self.scale = cluster, operator, scale
+        self.ready = FirstSeen(ready)
+        self.children = FirstSeen(lambda _: True, key=_owning_service)
+        self.watches = [
+            ResumableWatch(cluster, ISVC_PATH, self.ready),
+            ResumableWatch(cluster, WORKLOAD_PATH, self.children, selector=MANAGED),
+        ]
+        self.namespaces = [f"tenant-{i}" for i in range(scale.tenants)]
+
+    def counters(self) -> Counters:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.operator.metrics_port}/metrics", timeout=30
+        ) as r:
+            mine = r.read().decode()
+        server = fleet.apiserver_metrics(self.cluster)
+        assert self.operator.proc is not None
+        return Counters(
+            at=time.monotonic(),
+            reconciles=fleet.samples(mine, "strata_operator_reconciles_total"),
+            refreshes=fleet.samples(mine, "strata_operator_status_refreshes_total"),
+            client_requests=fleet.samples(mine, "strata_operator_api_requests_total"),
+            retries=fleet.samples(mine, "strata_operator_api_retries_total"),
+            throttled=fleet.samples(mine, "strata_operator_api_throttled_total"),
+            client_429=fleet.samples(mine, "strata_operator_api_requests_total", code="429"),
+            operator_requests=fleet.samples(
+                server, "apiserver_flowcontrol_dispatched_requests_total", flow_schema=fleet.FLOW_SCHEMA
+            ),
+            rejected_429=fleet.samples(
+                server, "apiserver_flowcontrol_rejected_requests_total", flow_schema=fleet.FLOW_SCHEMA
+            ),
+            operator_cpu_s=fleet.cpu_seconds(self.operator.proc.pid),
+            apiserver_cpu_s=fleet.cpu_seconds(fleet.apiserver_pid(self.cluster)),
+        )
+
+    def apply(self, prefix: str, count: int, per_s: float | None) -> dict[tuple[str, str], float]:
+        """Create ``count`` services round-robin over the tenants; when each was sent."""
+        services = [
+            fleet.service(self.namespaces[i % len(self.namespaces)], f"{prefix}-{i}") for i in range(count)
+        ]
+        return asyncio.run(fleet.create_at_rate(self.cluster.kubeconfig, services, per_s))
+
+    def wait(self, seen: FirstSeen, keys: set[tuple[str, str]], what: str) -> dict[tuple[str, str], float]:
+        recount = self._count_ready if seen is self.ready else self._count_children
+        return seen.wait(keys, self.scale.timeout_s, recount, what)
+
+    def _count_ready(self, keys: set[tuple[str, str]]) -> int:
+        listed = self.cluster.kubectl_json("get", "inferenceservices", "-A")["items"]
+        return sum(1 for o in listed if ready(o) and _key(o) in keys)
+
+    def _count_children(self, keys: set[tuple[str, str]]) -> int:
+        listed = self.cluster.kubectl_json("get", "deployments", "-A", "-l", MANAGED)["items"]
+        return len({_owning_service(o) for o in listed} & keys)
+
+
+def run(scale: Scale | None = None) -> dict[str, Any]:
+    scale = scale or Scale()
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
-        cluster = launch(Path(tmp) / "cluster", ClusterConfig(gpu_nodes=4), bin_dir=find_bin_dir())
+        shape = GpuNodeShape(gpus=scale.gpus_per_node)
+        config = ClusterConfig(gpu_nodes=scale.nodes, node_shape=shape, start_timeout_s=600)
+        cluster = launch(Path(tmp) / "cluster", config, bin_dir=find_bin_dir())
         try:
-            cluster.add_gpu_nodes(NODES - 4, timeout_s=300)
-            operator = OperatorProcess(install_chart(cluster), Path(tmp) / "operator.log").start()
+            kubeconfig = install_chart(cluster)
+            cluster.apply(fleet.flow_schema())
+            result: dict[str, Any] = {"scale": asdict(scale)}
+            result.update(raw_phase(cluster, scale))
+            operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log").start()
             try:
-                return measure(cluster, operator)
+                measure(Fleet(cluster, operator, scale), result)
             finally:
                 operator.stop()
+            return finish(result)
         finally:
             cluster.stop()
 
 
-def measure(cluster: Cluster, operator: OperatorProcess) -> dict[str, Any]:
-    namespaces = [f"tenant-{i}" for i in range(TENANTS)]
-    for ns in namespaces:
-        cluster.kubectl("create", "namespace", ns)
-    watcher = ReadyWatcher(cluster).start()
-    reconciles_before = operator.metric("strata_operator_reconciles_total")
-    applied: dict[tuple[str, str], float] = {}
-    started = time.monotonic()
-    for t, ns in enumerate(namespaces):
-        batch = [inference_service(f"svc-{i}") for i in range(t, SERVICES, TENANTS)]
-        listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": batch})
-        sent = time.monotonic()  # Ready latency counts from the start of the service's batch
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=listed)
-        applied.update({(ns, s["metadata"]["name"]): sent for s in batch})
-    ready = watcher.wait(set(applied), TIMEOUT_S)
-    elapsed = time.monotonic() - started
-    reconciles = operator.metric("strata_operator_reconciles_total") - reconciles_before
-    refreshes = operator.metric("strata_operator_status_refreshes_total")
-    duration_sum = operator.metric("strata_operator_reconcile_duration_seconds_sum")
-    duration_count = operator.metric("strata_operator_reconcile_duration_seconds_count")
-    latencies = sorted(ready[key] - applied[key] for key in applied)
-    result: dict[str, Any] = {
-        "services": SERVICES,
-        "nodes": NODES,
-        "tenants": TENANTS,
-        "ready_p50_s": round(statistics.median(latencies), 2),
-        "ready_p99_s": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
-        "ready_max_s": round(latencies[-1], 2),
-        "all_ready_s": round(elapsed, 2),
-        "reconciles": int(reconciles),
-        "reconciles_per_s": round(reconciles / elapsed, 1),
-        "reconciles_per_service": round(reconciles / SERVICES, 1),
-        "status_refreshes": int(refreshes),
-        "reconcile_mean_s": round(duration_sum / max(duration_count, 1), 3),
-        "operator_peak_rss_mb": peak_rss_mb(operator),
+def raw_phase(cluster: Cluster, scale: Scale) -> dict[str, Any]:
+    """The API server alone: as many plain objects as the burst's children, of their sizes."""
+    sizes = fleet.child_sizes()
+    names = [f"raw-{i}" for i in range(scale.tenants)]
+    cluster.apply({"apiVersion": "v1", "kind": "List", "items": [_namespace(n) for n in names]})
+    manifests = [
+        fleet.sized_configmap(names[i % len(names)], f"svc-{i}-{j}", size)
+        for i in range(scale.services)
+        for j, size in enumerate(sizes)
+    ]
+    seconds = asyncio.run(fleet.create_all(cluster.kubeconfig, manifests))
+    return {
+        "child_sizes_bytes": sizes,
+        "raw_objects": len(manifests),
+        "burst_raw_create_s": round(seconds, 2),
     }
-    result["summary"] = (
-        f"{SERVICES} services on {NODES} nodes: Ready p50 {result['ready_p50_s']}s "
-        f"p99 {result['ready_p99_s']}s, "
-        f"{result['reconciles_per_s']} reconciles/s, operator peak RSS {result['operator_peak_rss_mb']} MB"
-    )
+
+
+def measure(f: Fleet, result: dict[str, Any]) -> None:
+    """The burst, steady and idle phases into ``result``; a phase that times out ends the run
+    with what it saw (``timed_out``), never a hang."""
+    f.cluster.apply({"apiVersion": "v1", "kind": "List", "items": [_namespace(n) for n in f.namespaces]})
+    for watch in f.watches:
+        watch.start()
+    try:
+        start = f.counters()
+        result.update(burst_phase(f))
+        result.update(steady_phase(f))
+        active = f.counters().since(start)
+        result.update(idle_phase(f))
+        result["active"] = active
+    except WatchTimeout as exc:
+        result["timed_out"] = str(exc)
+    finally:
+        for watch in f.watches:
+            watch.stop()
+        result["watch_resumed"] = sum(w.resumed for w in f.watches)
+        result["watch_relisted"] = sum(w.relisted for w in f.watches)
+        assert f.operator.proc is not None
+        result["operator_peak_rss_mb"] = fleet.peak_rss_mb(f.operator.proc.pid)
+
+
+def burst_phase(f: Fleet) -> dict[str, Any]:
+    started = time.monotonic()
+    sent = f.apply("burst", f.scale.services, per_s=None)
+    applied_s = time.monotonic() - started
+    keys = set(sent)
+    children = f.wait(f.children, keys, "services with every child")
+    ready_at = f.wait(f.ready, keys, "services Ready")
+    return {
+        "services": len(keys),
+        "burst_apply_s": round(applied_s, 2),
+        "burst_all_children_s": round(max(children.values()) - started, 2),
+        "burst_all_ready_s": round(max(ready_at.values()) - started, 2),
+    }
+
+
+def steady_phase(f: Fleet) -> dict[str, Any]:
+    count = int(f.scale.rate_per_s * f.scale.steady_s)
+    sent = f.apply("steady", count, per_s=f.scale.rate_per_s)
+    children = f.wait(f.children, set(sent), "steady services with every child")
+    ready_at = f.wait(f.ready, set(sent), "steady services Ready")
+    to_children = sorted(children[k] - sent[k] for k in sent)
+    to_ready = sorted(ready_at[k] - sent[k] for k in sent)
+    return {
+        "steady_services": count,
+        "steady_rate_per_s": f.scale.rate_per_s,
+        "steady_children_p50_s": round(statistics.median(to_children), 3),
+        "steady_children_p99_s": round(_p99(to_children), 3),
+        "steady_ready_p50_s": round(statistics.median(to_ready), 3),
+        "steady_ready_p99_s": round(_p99(to_ready), 3),
+    }
+
+
+def idle_phase(f: Fleet) -> dict[str, Any]:
+    services = len(f.ready.seen)
+    before = f.counters()
+    time.sleep(f.scale.idle_s)
+    idle = f.counters().since(before)
+    minutes = idle["at"] / 60
+    return {
+        "idle": idle,
+        "idle_services": services,
+        "idle_api_requests_per_service_per_min": round(idle["operator_requests"] / services / minutes, 4),
+    }
+
+
+def finish(result: dict[str, Any]) -> dict[str, Any]:
+    """Ratios, per-service figures and the issue's thresholds, from the phases' raw numbers."""
+    active, total = result.get("active"), result.get("services", 0) + result.get("steady_services", 0)
+    if active and total:
+        reconciles = max(active["reconciles"], 1)
+        result["reconciles_per_service"] = round(active["reconciles"] / total, 2)
+        result["status_refreshes_per_service"] = round(active["refreshes"] / total, 2)
+        result["api_requests_per_reconcile"] = round(active["operator_requests"] / reconciles, 2)
+        result["api_requests_per_service"] = round(active["operator_requests"] / total, 2)
+        result["client_throttled_requests"] = active["throttled"]
+        result["api_retries"] = active["retries"]
+        result["server_429s"] = max(active["rejected_429"], active["client_429"])
+        result["operator_cpu_s"] = active["operator_cpu_s"]
+        result["apiserver_cpu_s"] = active["apiserver_cpu_s"]
+    if "burst_all_children_s" in result:
+        result["burst_children_over_raw"] = round(
+            result["burst_all_children_s"] / result["burst_raw_create_s"], 2
+        )
+    result["targets"] = TARGETS
+    result["meets"] = {k: result[k] <= limit for k, limit in TARGETS.items() if k in result}
+    result["summary"] = _summary(result)
     return result
 
 
-class ReadyWatcher:
-    """``kubectl get -w`` in a thread: the first moment each service is seen Ready. A watch,
-    not polling, so the measurement neither lags by a poll interval nor loads the machine."""
-
-    JSONPATH = '{.metadata.namespace} {.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\\n"}'
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.ready: dict[tuple[str, str], float] = {}
-        self.changed = threading.Condition()
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> ReadyWatcher:
-        argv = [
-            str(self.cluster.bin_dir / "kubectl"),
-            f"--kubeconfig={self.cluster.kubeconfig}",
-            "get",
-            "inferenceservices",
-            "-A",
-            "--watch",
-            "-o",
-            f"jsonpath={self.JSONPATH}",
-        ]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-        return self
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            parts = line.split()
-            if len(parts) == 3 and parts[2] == "True":
-                with self.changed:
-                    self.ready.setdefault((parts[0], parts[1]), time.monotonic())
-                    self.changed.notify_all()
-
-    def wait(self, keys: set[tuple[str, str]], timeout_s: float) -> dict[tuple[str, str], float]:
-        deadline = time.monotonic() + timeout_s
-        with self.changed:
-            while not keys <= self.ready.keys():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(
-                        f"only {len(keys & self.ready.keys())}/{len(keys)} Ready after {timeout_s}s"
-                    )
-                self.changed.wait(min(left, 5))
-        assert self.proc is not None
-        self.proc.terminate()
-        return dict(self.ready)
+def _summary(r: dict[str, Any]) -> str:
+    if "timed_out" in r:
+        return f"TIMED OUT: {r['timed_out']}"
+    return (
+        f"{r['services']} services burst: children {r['burst_all_children_s']}s vs raw "
+        f"{r['burst_raw_create_s']}s ({r['burst_children_over_raw']}x), Ready {r['burst_all_ready_s']}s; "
+        f"steady {r['steady_rate_per_s']}/s children p99 {r['steady_children_p99_s']}s, Ready p99 "
+        f"{r['steady_ready_p99_s']}s; {r['reconciles_per_service']} reconciles/service; idle "
+        f"{r['idle_api_requests_per_service_per_min']} req/service/min; RSS {r['operator_peak_rss_mb']} MB"
+    )
 
 
-def peak_rss_mb(operator: OperatorProcess) -> float:
-    assert operator.proc is not None
-    for line in Path(f"/proc/{operator.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError("no VmHWM in /proc status")
+def _namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    return (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def _owning_service(obj: dict[str, Any]) -> tuple[str, str] | None:
+    meta = obj.get("metadata", {})
+    service = (meta.get("labels") or {}).get(SERVICE_LABEL)
+    return (meta.get("namespace", ""), service) if service else None
+
+
+def _p99(ordered: list[float]) -> float:
+    return ordered[int(0.99 * (len(ordered) - 1))]

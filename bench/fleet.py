@@ -1,0 +1,166 @@
+"""What the operator benchmark does to a cluster and reads back from it, apart from watching.
+
+Objects are created with the operator's own API client (strata.operator.kube: server-side
+apply, the same in-flight limit) as cluster-admin, so the API server's raw rate and the
+operator's are measured with the same client. The operator's requests are counted by the API
+server itself: a FlowSchema puts the chart's ServiceAccount in a flow of its own, and API
+Priority and Fairness counts every request of that flow (watches and Events included)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from strata.cluster import Cluster
+from strata.operator.kube import KubeClient
+from strata.operator.render.configmap import render_configmap
+from strata.operator.render.pdb import render_pdb
+from strata.operator.render.services import render_client_service, render_metrics_service
+from strata.operator.render.workload import render_workload
+from strata.operator.resolve import ResolveInput, resolve
+from strata.operator.settings import OperatorSettings
+from strata.stack import SERVICE_ACCOUNT, SYSTEM_NAMESPACE, inference_service
+from strata.stack.chart import CHART
+
+Key = tuple[str, str]
+FLOW_SCHEMA = "strata-operator"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def flow_schema() -> dict[str, Any]:
+    """Every request of the operator's ServiceAccount in one flow, ahead of the built-in ones."""
+    everything = {
+        "verbs": ["*"],
+        "apiGroups": ["*"],
+        "resources": ["*"],
+        "clusterScope": True,
+        "namespaces": ["*"],
+    }
+    subject = {
+        "kind": "ServiceAccount",
+        "serviceAccount": {"name": SERVICE_ACCOUNT, "namespace": SYSTEM_NAMESPACE},
+    }
+    return {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": FLOW_SCHEMA},
+        "spec": {
+            "matchingPrecedence": 500,
+            "priorityLevelConfiguration": {"name": "workload-high"},
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [subject],
+                    "resourceRules": [everything],
+                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+
+
+def child_sizes() -> list[int]:
+    """Bytes of each child the operator renders for one benchmark service, as JSON."""
+    tier = yaml.safe_load((CHART / "files" / "servicetiers" / "standard.yaml").read_text())
+    tier["metadata"]["uid"] = "tier-uid"
+    body = inference_service("svc-0")
+    body["metadata"].update(namespace="tenant-0", uid="0b5e7c1e-1111-4222-8333-444455556666")
+    plan = resolve(ResolveInput(body, tier, "0b5e7c1e-1111-4222-8333-444455556667"))
+    children = [
+        render_configmap(plan),
+        render_client_service(plan),
+        render_metrics_service(plan),
+        render_pdb(plan),
+        render_workload(plan, OperatorSettings(nvme_volume="hostPath")),
+    ]
+    return [len(json.dumps(c)) for c in children]
+
+
+def sized_configmap(namespace: str, name: str, size: int) -> dict[str, Any]:
+    """A ConfigMap whose JSON is ``size`` bytes long."""
+    cm: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {"pad": ""},
+    }
+    cm["data"]["pad"] = "x" * max(0, size - len(json.dumps(cm)))
+    return cm
+
+
+async def create_all(kubeconfig: Path, manifests: Iterable[dict[str, Any]]) -> float:
+    """Create every manifest as fast as the client's in-flight limit allows; the seconds taken."""
+    kube = KubeClient.from_environment(str(kubeconfig))
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(kube.apply_created(m) for m in manifests))
+    finally:
+        await kube.close()
+    return time.monotonic() - started
+
+
+async def create_at_rate(
+    kubeconfig: Path, manifests: list[dict[str, Any]], per_s: float | None
+) -> dict[Key, float]:
+    """Send each manifest at its slot (all at once when ``per_s`` is None); when each was sent."""
+    kube = KubeClient.from_environment(str(kubeconfig))
+    sent: dict[Key, float] = {}
+    started = time.monotonic()
+
+    async def one(i: int, manifest: dict[str, Any]) -> None:
+        if per_s:
+            await asyncio.sleep(max(0.0, started + i / per_s - time.monotonic()))
+        meta = manifest["metadata"]
+        sent[(meta["namespace"], meta["name"])] = time.monotonic()
+        await kube.apply_created(manifest)
+
+    try:
+        await asyncio.gather(*(one(i, m) for i, m in enumerate(manifests)))
+    finally:
+        await kube.close()
+    return sent
+
+
+def service(namespace: str, name: str) -> dict[str, Any]:
+    body = inference_service(name)
+    body["metadata"]["namespace"] = namespace
+    return body
+
+
+def samples(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` in Prometheus text whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def apiserver_metrics(cluster: Cluster) -> str:
+    return cluster.kubectl("get", "--raw", "/metrics", timeout_s=300).stdout
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
+
+
+def apiserver_pid(cluster: Cluster) -> int:
+    return next(p.pid for p in cluster.owned_processes if p.name == "kube-apiserver")
