@@ -74,6 +74,9 @@ class Counters:
     rejected_429: float
     operator_cpu_s: float
     apiserver_cpu_s: float
+    reconcile_s: float  # summed wall time of the reconciles
+    write_s: float  # summed latency of the operator's writes (patches), as its client saw them
+    writes: float
 
     def since(self, before: Counters) -> dict[str, float]:
         now, then = asdict(self), asdict(before)
@@ -116,6 +119,9 @@ class Fleet:
             ),
             operator_cpu_s=fleet.cpu_seconds(self.operator.proc.pid),
             apiserver_cpu_s=fleet.cpu_seconds(fleet.apiserver_pid(self.cluster)),
+            reconcile_s=fleet.samples(mine, "strata_operator_reconcile_duration_seconds_sum"),
+            write_s=fleet.samples(mine, "strata_operator_api_request_duration_seconds_sum", verb="patch"),
+            writes=fleet.samples(mine, "strata_operator_api_request_duration_seconds_count", verb="patch"),
         )
 
     def apply(self, prefix: str, count: int, per_s: float | None) -> dict[tuple[str, str], float]:
@@ -257,9 +263,12 @@ def finish(result: dict[str, Any]) -> dict[str, Any]:
         result["api_requests_per_service"] = round(active["operator_requests"] / total, 2)
         result["client_throttled_requests"] = active["throttled"]
         result["api_retries"] = active["retries"]
-        result["server_429s"] = max(active["rejected_429"], active["client_429"])
+        result["server_429s"] = active["rejected_429"]
+        result["client_saw_429s"] = active["client_429"]
         result["operator_cpu_s"] = active["operator_cpu_s"]
         result["apiserver_cpu_s"] = active["apiserver_cpu_s"]
+        result["reconcile_mean_s"] = round(active["reconcile_s"] / reconciles, 3)
+        result["write_mean_s"] = round(active["write_s"] / max(active["writes"], 1), 3)
     if "burst_all_children_s" in result:
         result["burst_children_over_raw"] = round(
             result["burst_all_children_s"] / result["burst_raw_create_s"], 2

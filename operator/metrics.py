@@ -47,6 +47,13 @@ class OperatorMetrics:
             ["verb", "resource", "code"],
             registry=r,
         )
+        self.api_latency = Histogram(
+            "strata_operator_api_request_duration_seconds",
+            "Time from sending a request to its answer, by verb (timeouts and dropped connections left out).",
+            ["verb"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
         self.api_retries = Counter(
             "strata_operator_api_retries",
             "API requests retried after a back-off, by reason (timeout, connection, throttled, server).",
@@ -62,6 +69,8 @@ class OperatorMetrics:
     # ApiObserver (strata.operator.kube): the client reports each request here.
     def request(self, verb: str, resource: str, code: str, seconds: float) -> None:
         self.api_requests.labels(verb=verb, resource=resource, code=code).inc()
+        if code.isdigit():
+            self.api_latency.labels(verb=verb).observe(seconds)
 
     def retry(self, reason: str) -> None:
         self.api_retries.labels(reason=reason).inc()
