@@ -6,8 +6,8 @@ settings. Keeping the plan frozen and free of API types makes rendering triviall
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from strata.worker.config import WorkerConfig
 
@@ -51,6 +51,21 @@ class OwnerRef:
 
 
 @dataclass(frozen=True)
+class PodPlan:
+    """The tenant's ``spec.pod``, as Kubernetes manifest fragments (camelCase, no nulls)."""
+
+    env: tuple[dict[str, Any], ...] = ()
+    env_from: tuple[dict[str, Any], ...] = ()
+    image_pull_secrets: tuple[dict[str, Any], ...] = ()
+    service_account_name: str | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    affinity: dict[str, Any] | None = None
+    tolerations: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class ServicePlan:
     name: str
     namespace: str
@@ -69,6 +84,7 @@ class ServicePlan:
     model_source: ModelSource
     image: str | None
     worker: WorkerConfig
+    pod: PodPlan = PodPlan()
 
     @property
     def kv_sidecar(self) -> bool:

@@ -12,8 +12,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from strata.operator import names
-from strata.operator.api import InferenceService, ServiceTier, check_against_tier, parse_milli, parse_size
-from strata.operator.plan import ModelSource, NvmePlan, OwnerRef, ServicePlan, SharedPlan
+from strata.operator.api import (
+    InferenceService,
+    PodOverrides,
+    ServiceTier,
+    check_against_tier,
+    parse_milli,
+    parse_size,
+)
+from strata.operator.plan import ModelSource, NvmePlan, OwnerRef, PodPlan, ServicePlan, SharedPlan
 from strata.operator.replicas import desired_replicas
 from strata.operator.tenancy import cache_namespace
 from strata.worker.config import (
@@ -125,6 +132,28 @@ def _plan(isvc: InferenceService, tier: ServiceTier, meta: Mapping[str, Any], sa
         model_source=_model_source(isvc),
         image=spec.engine.image,
         worker=worker,
+        pod=pod_plan(spec.pod),
+    )
+
+
+def pod_plan(pod: PodOverrides | None) -> PodPlan:
+    """``spec.pod`` as manifest fragments, exactly as the tenant wrote them (minus nulls)."""
+    if pod is None:
+        return PodPlan()
+
+    def items(values: list[Any] | None) -> tuple[dict[str, Any], ...]:
+        return tuple(v.model_dump(by_alias=True, exclude_none=True) for v in values or [])
+
+    return PodPlan(
+        env=items(pod.env),
+        env_from=items(pod.env_from),
+        image_pull_secrets=items(pod.image_pull_secrets),
+        service_account_name=pod.service_account_name,
+        annotations=dict(pod.annotations or {}),
+        labels=dict(pod.labels or {}),
+        node_selector=dict(pod.node_selector or {}),
+        affinity=pod.affinity.model_dump(by_alias=True, exclude_none=True) if pod.affinity else None,
+        tolerations=items(pod.tolerations),
     )
 
 

@@ -38,6 +38,7 @@ from strata.operator.api.models import (
     TierLimits,
     to_manifest,
 )
+from strata.operator.api.pod import PodOverrides
 from strata.operator.api.quantity import QuantityError, format_size, parse_milli, parse_quantity, parse_size
 from strata.operator.api.tierlimits import Violation, check_against_tier
 
@@ -62,6 +63,7 @@ __all__ = [
     "InferenceServiceStatus",
     "ModelSource",
     "ModelSpec",
+    "PodOverrides",
     "PrefixHitRatio",
     "PvcSource",
     "QuantityError",

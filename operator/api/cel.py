@@ -50,3 +50,11 @@ def size_of(cel_field: str) -> str:
 def size_le(small: str, large: str) -> str:
     """CEL: quantity ``small`` is at most quantity ``large``."""
     return f"{size_of(small)}.compareTo({size_of(large)}) <= 0"
+
+
+def one_of(where: str, *fields: str) -> JsonDict:
+    """``json_schema_extra`` requiring exactly one of the (camelCase) ``fields`` to be set."""
+    has = ", ".join(f"has(self.{name})" for name in fields)
+    return rules(
+        rule(f"[{has}].filter(x, x).size() == 1", f"{where}: set exactly one of {', '.join(fields)}")
+    )

@@ -10,10 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from strata.operator.api.base import DNS_1035_LABEL, DNS_LABEL
 from strata.operator.api.cel import rule
 from strata.operator.api.models import (
-    DNS_1035_LABEL,
-    DNS_LABEL,
     GROUP,
     SERVICE_NAME_MAX,
     TIER_NAME_MAX,

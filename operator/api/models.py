@@ -26,7 +26,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from strata.operator.api.cel import immutable, rule, rules, size_le
+from strata.operator.api.base import DNS_1035_LABEL, DNS_LABEL, DNS_SUBDOMAIN, ApiModel, exactly_one
+from strata.operator.api.cel import immutable, one_of, rule, rules, size_le
+from strata.operator.api.pod import PodOverrides
 from strata.operator.api.quantity import (
     QUANTITY_PATTERN,
     SIZE_PATTERN,
@@ -57,14 +59,11 @@ REASON_TIER_LIMITS = "TierLimitsExceeded"
 REASON_INVALID_TIER = "InvalidTier"
 REASON_INVALID_SPEC = "InvalidSpec"
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # A service's name becomes its Service's (a DNS-1035 label, with "-metrics" appended for the
 # headless one) and its StatefulSet's, whose pods' revision label must stay within 63 characters.
 SERVICE_NAME_MAX = 52
 # A tier's name becomes a label value (63 characters) and the PriorityClass `strata-<tier>`.
 TIER_NAME_MAX = 63
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_REPLICAS = 1000
 
 
@@ -113,13 +112,6 @@ Cpu = Annotated[
 ]
 
 
-class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields and type coercions refused,
-    as the API server refuses them."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
-
-
 class StatusModel(BaseModel):
     """Status is written by the operator; tolerate fields a newer operator added."""
 
@@ -161,14 +153,7 @@ class PvcSource(ApiModel):
 class ModelSource(ApiModel):
     """Where the weights come from: exactly one of `pvc`, `uri`, `builtin`."""
 
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            rule(
-                "[has(self.pvc), has(self.uri), has(self.builtin)].filter(x, x).size() == 1",
-                "spec.model.source: set exactly one of pvc, uri, builtin",
-            )
-        )
-    )
+    model_config = ConfigDict(json_schema_extra=one_of("spec.model.source", "pvc", "uri", "builtin"))
 
     pvc: PvcSource | None = Field(None, description="Weights on a PersistentVolumeClaim, mounted read-only.")
     uri: str | None = Field(
@@ -186,11 +171,7 @@ class ModelSource(ApiModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
-        given = [name for name in ("pvc", "uri", "builtin") if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                f"spec.model.source: set exactly one of pvc, uri, builtin (got {given or 'none'})"
-            )
+        exactly_one(self, ("pvc", "uri", "builtin"), "spec.model.source")
         return self
 
 
@@ -339,6 +320,12 @@ class InferenceServiceSpec(ApiModel):
     )
     cache: CacheRequest = Field(
         default_factory=CacheRequest, description="KV-cache capacity per replica in the lower memory tiers."
+    )
+    pod: PodOverrides | None = Field(
+        None,
+        description="Settings for the worker pods: environment (e.g. HF_TOKEN from a Secret for a "
+        "gated model), image pull secrets, ServiceAccount, labels, annotations, node selector, affinity, "
+        "tolerations.",
     )
 
     @model_validator(mode="after")

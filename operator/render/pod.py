@@ -25,7 +25,9 @@ SIDECAR_STOP_S = 5.0
 
 
 def render_pod_template(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
-    labels = {**names.common_labels(plan.name, plan.tier), names.LABEL_COMPONENT: "worker"}
+    # The tenant's labels and annotations first: the operator's own keys always win.
+    labels = {**plan.pod.labels, **names.common_labels(plan.name, plan.tier), names.LABEL_COMPONENT: "worker"}
+    annotations = {**plan.pod.annotations, names.ANNOTATION_CONFIG_HASH: config_hash(plan)}
     spec: Manifest = {
         "priorityClassName": plan.priority_class,
         "automountServiceAccountToken": False,
@@ -33,18 +35,38 @@ def render_pod_template(plan: ServicePlan, settings: OperatorSettings) -> Manife
         "terminationGracePeriodSeconds": grace_period_s(plan),
         "securityContext": pod_security_context(settings),
         "nodeSelector": node_selector(plan),
-        "tolerations": tolerations(settings),
+        "tolerations": [*tolerations(settings), *plan.pod.tolerations],
         "topologySpreadConstraints": [topology_spread(plan)],
         "containers": [engine_container(plan, settings)],
         "volumes": render_volumes(plan, settings),
     }
+    spec.update(pod_overrides(plan))
     init = [c for c in (model_fetcher(plan, settings), kvtier_sidecar(plan, settings)) if c is not None]
     if init:
         spec["initContainers"] = init
-    return {
-        "metadata": {"labels": labels, "annotations": {names.ANNOTATION_CONFIG_HASH: config_hash(plan)}},
-        "spec": spec,
-    }
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
+
+
+def pod_overrides(plan: ServicePlan) -> Manifest:
+    """The pod-level settings of ``spec.pod`` that the operator has no value of its own for."""
+    pod = plan.pod
+    out: Manifest = {}
+    if pod.service_account_name:
+        out["serviceAccountName"] = pod.service_account_name
+    if pod.image_pull_secrets:
+        out["imagePullSecrets"] = list(pod.image_pull_secrets)
+    if pod.affinity:
+        out["affinity"] = pod.affinity
+    return out
+
+
+def tenant_env(plan: ServicePlan) -> Manifest:
+    """``env`` (the operator's variables first) and ``envFrom`` of the containers that need the
+    tenant's secrets: the engine and the model fetcher, not the KV-tier sidecar."""
+    env: Manifest = {"env": [*pod_env(), *plan.pod.env]}
+    if plan.pod.env_from:
+        env["envFrom"] = list(plan.pod.env_from)
+    return env
 
 
 def grace_period_s(plan: ServicePlan) -> int:
@@ -60,7 +82,7 @@ def engine_container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["strata", "worker", "serve", "--config", names.CONFIG_PATH],
         "ports": [{"name": "http", "containerPort": plan.http_port, "protocol": "TCP"}],
-        "env": pod_env(),
+        **tenant_env(plan),
         "resources": engine_resources(plan),
         "startupProbe": _http_probe("/health", "http", period_s=5, failures=STARTUP_PROBE_BUDGET_S // 5),
         "livenessProbe": _http_probe("/health", "http", period_s=10, failures=3),
@@ -93,7 +115,7 @@ def model_fetcher(plan: ServicePlan, settings: OperatorSettings) -> Manifest | N
             "--dest",
             plan.worker.model.path,
         ],
-        "env": pod_env(),
+        **tenant_env(plan),
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": engine_mounts(plan),
         "securityContext": container_security_context(),
@@ -136,7 +158,7 @@ def engine_resources(plan: ServicePlan) -> Manifest:
 
 
 def node_selector(plan: ServicePlan) -> dict[str, str]:
-    selector: dict[str, str] = {}
+    selector: dict[str, str] = dict(plan.pod.node_selector)  # the GPU and NVMe labels win
     if plan.gpu_product:
         selector[GPU_PRODUCT_LABEL] = plan.gpu_product
     if plan.nvme is not None:

@@ -102,6 +102,39 @@ CASES: list[Case] = [
         {"cache": {"pinnedPrefixes": [f"p{i}" for i in range(9)]}},
         "spec.cache.pinnedPrefixes",
     ),
+    isvc("pod-env-name", {"pod": {"env": [{"name": "1 bad", "value": "x"}]}}, "spec.pod.env"),
+    isvc(
+        "pod-env-both",
+        {
+            "pod": {
+                "env": [{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+            }
+        },
+        "spec.pod.env",
+    ),
+    isvc("pod-env-ref-empty", {"pod": {"env": [{"name": "A", "valueFrom": {}}]}}, "spec.pod.env"),
+    isvc(
+        "pod-env-too-many",
+        {"pod": {"env": [{"name": f"V{i}", "value": "x"} for i in range(65)]}},
+        "spec.pod.env",
+    ),
+    isvc("pod-env-from-empty", {"pod": {"envFrom": [{"prefix": "X_"}]}}, "spec.pod.envFrom"),
+    isvc(
+        "pod-pull-secret-name",
+        {"pod": {"imagePullSecrets": [{"name": "Bad_Name"}]}},
+        "spec.pod.imagePullSecrets",
+    ),
+    isvc("pod-service-account", {"pod": {"serviceAccountName": "Not A Name"}}, "spec.pod.serviceAccountName"),
+    isvc("pod-label-owned", {"pod": {"labels": {"app.kubernetes.io/name": "x"}}}, "spec.pod.labels"),
+    isvc("pod-label-value", {"pod": {"labels": {"team": "has space"}}}, "spec.pod.labels"),
+    isvc("pod-selector-key", {"pod": {"nodeSelector": {"bad key!": "x"}}}, "spec.pod.nodeSelector"),
+    isvc("pod-affinity-key", {"pod": {"affinity": {"nodeAfinity": {}}}}, "spec.pod.affinity.nodeAfinity"),
+    isvc(
+        "pod-toleration-effect",
+        {"pod": {"tolerations": [{"key": "a", "effect": "Never"}]}},
+        "spec.pod.tolerations",
+    ),
+    isvc("pod-unknown-field", {"pod": {"hostNetwork": True}}, "spec.pod.hostNetwork"),
     isvc("tier-name", {"tier": "Premium_Tier"}, "spec.tier"),
     isvc("unknown-field", {"gpu": 1}, "spec.gpu"),
     Case("name-too-long", "InferenceService", {}, "metadata.name", object_name="a" * 53),

@@ -279,3 +279,50 @@ def test_engine_image_on_the_service_overrides_the_default():
     assert all(
         c["image"] == "registry.local/strata:dev" for c in containers(render_pod_template(plan, settings))
     )
+
+
+GATED_POD = {
+    "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}],
+    "envFrom": [{"configMapRef": {"name": "extra"}, "prefix": "X_"}],
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "inference",
+    "labels": {"team": "search"},
+    "annotations": {"cost-center": "4711"},
+    "nodeSelector": {"pool": "inference", "nvidia.com/gpu.product": "other"},
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"}],
+}
+
+
+def test_pod_overrides_are_rendered_and_the_operator_keeps_its_own():
+    plan, settings = make(source={"uri": "hf://org/gated"}, pod=GATED_POD)
+    pod = render_pod_template(plan, settings)
+    spec, meta = pod["spec"], pod["metadata"]
+    by_name = {c["name"]: c for c in containers(pod)}
+    for name in ("engine", "model"):  # the fetcher needs HF_TOKEN, the engine STRATA_API_KEY and the like
+        env = by_name[name]["env"]
+        assert [e["name"] for e in env] == ["POD_NAME", "POD_NAMESPACE", "HF_TOKEN"]
+        assert env[2]["valueFrom"] == {
+            "secretKeyRef": {"name": "hf-token", "key": "token", "optional": False}
+        }
+        assert by_name[name]["envFrom"] == [
+            {"configMapRef": {"name": "extra", "optional": False}, "prefix": "X_"}
+        ]
+    assert "envFrom" not in by_name["kvtier"] and len(by_name["kvtier"]["env"]) == 2  # no tenant secrets
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["serviceAccountName"] == "inference" and spec["automountServiceAccountToken"] is False
+    assert spec["affinity"] == GATED_POD["affinity"]
+    assert spec["tolerations"][-1]["key"] == "dedicated" and spec["tolerations"][0]["key"] == GPU_RESOURCE
+    assert spec["nodeSelector"]["pool"] == "inference"
+    assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"  # the service's wins
+    assert meta["labels"]["team"] == "search" and meta["labels"][names.LABEL_COMPONENT] == "worker"
+    assert (
+        meta["annotations"]["cost-center"] == "4711" and names.ANNOTATION_CONFIG_HASH in meta["annotations"]
+    )
+
+
+def test_no_pod_overrides_render_as_before():
+    plan, settings = make()
+    spec = render_pod_template(plan, settings)["spec"]
+    assert not {"imagePullSecrets", "serviceAccountName", "affinity"} & spec.keys()
+    assert [e["name"] for e in spec["containers"][0]["env"]] == ["POD_NAME", "POD_NAMESPACE"]
