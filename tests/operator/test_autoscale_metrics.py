@@ -17,7 +17,7 @@ def worker_exposition(usage: float, ttfts: list[float], hits: dict[Tier, int], p
     stats = EngineStats(prompt_tokens=prompt)
     stats.hit_tokens.update(hits)
     engine = SimpleNamespace(blocks=SimpleNamespace(usage=usage, num_cached_blocks=7), stats=stats)
-    metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=3, num_running=2))  # type: ignore[arg-type]
+    metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=3, num_running=2), "m")  # type: ignore[arg-type]
     for seconds in ttfts:
         metrics.ttft.observe(seconds)
     return metrics.render().decode()

@@ -180,11 +180,41 @@ async def test_metrics_count_tokens_latency_and_prefix_hits(make_engine: EngineF
             "queue_length",
             "running_requests",
             "kv_cache_usage_ratio",
-            "prefix_cache_hit_ratio",
             "recomputed_tokens_total",
             "preemptions_total",
         ):
             assert f"strata_worker_{name}" in text
+        assert "strata_worker_prefix_cache_hit_ratio" not in text  # counters, which rate() works on
+
+
+async def test_vllm_metric_names_with_the_model_label(make_engine: EngineFactory) -> None:
+    async with serve(make_engine) as client:
+        for _ in range(2):
+            assert (await client.post("/v1/completions", json=completion())).status == 200
+        resp = await client.post("/v1/completions", json=completion(max_tokens=900, stream=True))
+        await resp.content.readline()
+        resp.close()  # a client that leaves counts as abort
+        text = ""
+        for _ in range(200):
+            text = await (await client.get("/metrics")).text()
+            if 'finished_reason="abort"' in text:
+                break
+            await asyncio.sleep(0.05)
+        m = '{model_name="tiny"}'
+        for line in (
+            f"vllm:num_requests_running{m}",
+            f"vllm:num_requests_waiting{m}",
+            f"vllm:kv_cache_usage_perc{m}",
+            f"vllm:prompt_tokens_total{m} {3.0 * len(PROMPT)}",
+            f"vllm:prefix_cache_queries_total{m} {3.0 * len(PROMPT)}",
+            f"vllm:prefix_cache_hits_total{m} 32.0",  # 4 blocks of 4 tokens on each repeat
+            f"vllm:time_to_first_token_seconds_count{m} 3.0",
+            f"vllm:e2e_request_latency_seconds_count{m} 2.0",
+            'vllm:request_success_total{finished_reason="length",model_name="tiny"} 2.0',
+            'vllm:request_success_total{finished_reason="abort",model_name="tiny"} 1.0',
+        ):
+            assert line in text, line
+        assert "vllm:inter_token_latency_seconds_bucket" in text and "vllm:generation_tokens_total" in text
 
 
 async def test_concurrent_requests_are_batched_and_match_sequential_ones(make_engine: EngineFactory) -> None:

@@ -132,14 +132,15 @@ async def _generate_tracked(request: web.Request, kind: Kind, outcome: Outcome) 
         if first.finish_reason in REFUSED:
             finished = True
             return _refusal(loop, metrics, first.finish_reason or "error")
-        metrics.ttft.observe(time.monotonic() - handle.submitted_s)
+        metrics.first_token(time.monotonic() - handle.submitted_s)
         relay = Relay(loop, metrics, req, handle, len(token_ids))
         response = await (relay.stream(request, first) if req.stream else relay.collect(first))
         finished = True
         return response
     finally:
-        if not finished:
+        if not finished:  # the client went away (handler cancelled) before the end
             loop.abort(handle)
+            metrics.finished("abort", None)
 
 
 class Relay:
@@ -179,7 +180,7 @@ class Relay:
         """Text to emit and the finish reason, if this event ends the response."""
         now = time.monotonic()
         if self.completion_tokens:
-            self.metrics.itl.observe(now - self.last_s)
+            self.metrics.next_token(now - self.last_s)
         self.last_s = now
         self.completion_tokens += len(event.token_ids)
         reason = event.finish_reason
@@ -188,8 +189,8 @@ class Relay:
             self.loop.abort(self.handle)
             reason = "stop"
         if reason is not None:
-            self.metrics.e2e.observe(now - self.handle.submitted_s)
             reason = reason if reason in ("stop", "length") else "error"
+            self.metrics.finished(reason, now - self.handle.submitted_s)
             self.finish_reason = reason
             self._log_done()
         return text, reason
@@ -228,6 +229,8 @@ class Relay:
             await response.write_eof()
         except ConnectionResetError:  # the client went away: stop generating, nothing to report
             self.loop.abort(self.handle)
+            if self.finish_reason is None:
+                self.metrics.finished("abort", None)
         return response
 
 

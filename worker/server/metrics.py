@@ -1,7 +1,10 @@
 """The worker's Prometheus metrics, in their own registry.
 
 Latencies are observed by the HTTP layer (what a client sees); engine counters and gauges are
-read from the engine at scrape time, so the engine itself stays free of Prometheus.
+read from the engine at scrape time, so the engine itself stays free of Prometheus. Each figure
+is exposed twice: under the project's names (``strata_worker_*``, which the operator's autoscaler
+reads) and under vLLM's (``vllm:*`` with a ``model_name`` label, see ``vllm_metrics``), which
+existing dashboards, KEDA scalers and gateways already query.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from strata.worker.engine.stats import TIERS
 from strata.worker.server.engine_loop import EngineLoop
+from strata.worker.server.vllm_metrics import VllmMetrics
 
 P = "strata_worker_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -40,11 +44,6 @@ class EngineCollector(Collector):
             "HBM blocks holding a reusable prefix (what the pod's HBM cache is worth keeping).",
             engine.blocks.num_cached_blocks,
         )
-        yield GaugeMetricFamily(
-            P + "prefix_cache_hit_ratio",
-            "Prompt tokens served from any cache tier over prompt tokens.",
-            stats.prefix_hit_ratio,
-        )
         hits = CounterMetricFamily(
             P + "prefix_hit_tokens", "Prompt tokens served from cache.", labels=["tier"]
         )
@@ -65,7 +64,7 @@ class EngineCollector(Collector):
 
 
 class WorkerMetrics:
-    def __init__(self, loop: EngineLoop) -> None:
+    def __init__(self, loop: EngineLoop, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.ttft = Histogram(
             P + "time_to_first_token_seconds",
@@ -89,6 +88,22 @@ class WorkerMetrics:
             P + "rejected_requests", "Requests refused, by reason.", ["reason"], registry=self.registry
         )
         self.registry.register(EngineCollector(loop))
+        self.vllm = VllmMetrics(self.registry, loop, model_name, LATENCY_BUCKETS, TOKEN_BUCKETS)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+        self.vllm.ttft.observe(seconds)
+
+    def next_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+        self.vllm.itl.observe(seconds)
+
+    def finished(self, reason: str, e2e_s: float | None) -> None:
+        """A request that produced tokens ended: stop, length, abort (the client left) or error."""
+        if e2e_s is not None:
+            self.e2e.observe(e2e_s)
+            self.vllm.e2e.observe(e2e_s)
+        self.vllm.success.labels(self.vllm.model_name, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
