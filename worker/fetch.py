@@ -97,7 +97,10 @@ def _fetch_http(source: HttpSource, out: Path, options: FetchOptions) -> None:
     progress = Progress(source.uri)
 
     def get(name: str, required: bool) -> bool:
-        return download(source, name, out, progress, required=required)
+        found = download(source, name, out, progress, required=required)
+        if found and not required:
+            progress.expect(1)  # an optional file counts once it turns out to exist
+        return found
 
     get(REQUIRED[0], True)  # first: a wrong source fails on the file that must be there
     with ThreadPoolExecutor(options.workers, thread_name_prefix="fetch") as pool:
@@ -105,7 +108,7 @@ def _fetch_http(source: HttpSource, out: Path, options: FetchOptions) -> None:
         metadata = [pool.submit(get, name, name in options.include) for name in optional]
         has_index = get(SHARD_INDEX, False)
         weights = _kept(_shards(out, source) if has_index else [SINGLE_WEIGHTS], options)
-        progress.expect(len(weights) + len(metadata) + 1 + int(has_index))
+        progress.expect(len(weights) + 1)  # and config.json
         for future in [*metadata, *(pool.submit(get, name, True) for name in weights)]:
             future.result()  # the first failure ends the fetch; whole files stay for the next run
     progress.finished()

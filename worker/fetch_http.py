@@ -93,7 +93,7 @@ def download(source: HttpSource, name: str, out: Path, progress: Progress, *, re
         raise FetchError(f"source {source.uri!r}: refusing file name {name!r}")
     final, part = out / name, out / f"{name}.part"
     if final.is_file():
-        progress.kept(final.stat().st_size)
+        progress.kept(final.stat().st_size, whole_file=True)
         return True
     offset = part.stat().st_size if part.is_file() else 0
     try:

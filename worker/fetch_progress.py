@@ -28,9 +28,11 @@ class Progress:
         with self._lock:
             self.files_total += files
 
-    def kept(self, nbytes: int) -> None:
+    def kept(self, nbytes: int, whole_file: bool = False) -> None:
+        """Bytes already on disk: a partial file continued, or (``whole_file``) a complete one."""
         with self._lock:
             self.bytes_skipped += nbytes
+            self.files_done += int(whole_file)
 
     def add(self, nbytes: int) -> None:
         with self._lock:
