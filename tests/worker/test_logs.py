@@ -47,3 +47,30 @@ def test_request_id_header_is_kept_when_well_formed() -> None:
         fresh = request_id({"X-Request-Id": forged})
         assert fresh != forged and len(fresh) == 32
     assert request_id({}) != request_id({})
+
+
+def test_sidecar_messages_carry_the_request_id_into_its_log_context() -> None:
+    from strata.worker.kvtier import protocol, server
+
+    seen: list[str | None] = []
+    handlers = dict(server._HANDLERS)
+
+    def probe(service: object, owner: object, request: object) -> dict[str, object]:
+        seen.append(REQUEST_ID.get())
+        return {}
+
+    server._HANDLERS["probe"] = probe
+    try:
+        token = REQUEST_ID.set("req-7")
+        try:
+            message = protocol.tagged({"op": "probe"})
+        finally:
+            REQUEST_ID.reset(token)
+        assert message == {"op": "probe", "request_id": "req-7"}
+        assert protocol.tagged({"op": "probe"}) == {"op": "probe"}  # outside a request: no field
+        assert server.handle(None, None, message)["ok"]  # type: ignore[arg-type]
+        assert server.handle(None, None, {"op": "probe"})["ok"]  # type: ignore[arg-type]
+    finally:
+        server._HANDLERS.clear()
+        server._HANDLERS.update(handlers)
+    assert seen == ["req-7", None] and REQUEST_ID.get() is None

@@ -221,7 +221,7 @@ class TierClient:
 
     def _call(self, message: protocol.Message) -> dict[str, Any]:
         sock = self._connected()
-        protocol.send(sock, message)
+        protocol.send(sock, protocol.tagged(message))
         reply = protocol.receive(sock)
         if reply is None:
             raise SidecarUnavailable("sidecar closed the connection")

@@ -13,7 +13,12 @@ import socket
 import struct
 from typing import Any
 
+from strata.worker.logs import REQUEST_ID
+
 MAX_FRAME = 64 * 2**20
+# The id of the request the engine was working for when it sent a message (absent otherwise):
+# the sidecar logs its lines about that message under the same id as the router and the worker.
+REQUEST_ID_FIELD = "request_id"
 _LENGTH = struct.Struct(">I")
 
 Message = dict[str, Any]
@@ -21,6 +26,12 @@ Message = dict[str, Any]
 
 class ProtocolError(Exception):
     """A malformed frame or a peer that went away mid-frame."""
+
+
+def tagged(message: Message) -> Message:
+    """``message`` with the current request id, when there is one."""
+    request_id = REQUEST_ID.get()
+    return {**message, REQUEST_ID_FIELD: request_id} if request_id is not None else message
 
 
 def send(sock: socket.socket, message: Message) -> None:

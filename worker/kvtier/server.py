@@ -19,12 +19,23 @@ from strata.worker.kvtier import protocol
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
 from strata.worker.kvtier.protocol import Message
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
+from strata.worker.logs import REQUEST_ID
 
 log = logging.getLogger(__name__)
 
 
 def handle(service: KVTierService, owner: Owner, request: Message) -> Message:
-    """One request to one reply; bad input becomes an error reply naming the field."""
+    """One request to one reply; lines logged meanwhile carry the engine's request id."""
+    request_id = request.get(protocol.REQUEST_ID_FIELD)
+    token = REQUEST_ID.set(request_id if isinstance(request_id, str) else None)
+    try:
+        return _dispatch(service, owner, request)
+    finally:
+        REQUEST_ID.reset(token)
+
+
+def _dispatch(service: KVTierService, owner: Owner, request: Message) -> Message:
+    """Bad input becomes an error reply naming the field."""
     op = request.get("op")
     handler = _HANDLERS.get(op) if isinstance(op, str) else None
     if handler is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams, Sequence, TokenLogprob
+from strata.worker.logs import REQUEST_ID
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class RequestHandle:
     token_ids: list[int]
     params: SamplingParams
     priority: int | None
+    request_id: str | None = None  # for the log lines (and sidecar messages) made on its behalf
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     seq: Sequence | None = None
     submitted_s: float = field(default_factory=time.monotonic)
@@ -74,13 +76,19 @@ class EngineLoop:
     def num_running(self) -> int:
         return len(self.engine.scheduler.running)
 
-    def submit(self, token_ids: list[int], params: SamplingParams, priority: int | None) -> RequestHandle:
+    def submit(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        priority: int | None,
+        request_id: str | None = None,
+    ) -> RequestHandle:
         """Queue a request (already validated); raises QueueFull when the queue is at its limit."""
         limit = self.engine.config.engine.max_queue_len
         with self._lock:
             if self.num_waiting >= limit:
                 raise QueueFull(f"queue is full ({limit} waiting)")
-            handle = RequestHandle(token_ids, params, priority)
+            handle = RequestHandle(token_ids, params, priority, request_id)
             self._inbox.append(handle)
         self._wake.set()
         return handle
@@ -130,6 +138,7 @@ class EngineLoop:
             self._fail_all(abort_all)
             return
         for handle in inbox:
+            token = REQUEST_ID.set(handle.request_id)  # the connector's prefetch runs in here
             try:
                 handle.seq = self.engine.add_request(handle.token_ids, handle.params, handle.priority)
             except QueueFull:
@@ -139,6 +148,8 @@ class EngineLoop:
                 self._emit(handle, TokenEvent([], "error"))
             else:
                 self._live[handle.seq.seq_id] = handle
+            finally:
+                REQUEST_ID.reset(token)
         for handle in aborts:
             if handle.seq is not None and self._live.pop(handle.seq.seq_id, None) is not None:
                 self.engine.abort(handle.seq.seq_id)

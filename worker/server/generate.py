@@ -121,7 +121,7 @@ async def _generate_tracked(request: web.Request, kind: Kind, outcome: Outcome) 
         if req.stream:
             request.app[DRAIN_KEY].mark_stream(outcome)
         token_ids, params = _prepare(loop, req)
-        handle = loop.submit(token_ids, params, req.priority)
+        handle = loop.submit(token_ids, params, req.priority, req.request_id)
     except ApiError as err:
         return error_response(err)
     except QueueFull:
