@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN ?= bin
 
-.PHONY: venv cluster-bins lint test test-fast demo bench crds crds-check clean
+.PHONY: venv cluster-bins prometheus lint test test-fast demo bench crds crds-check clean
 
 venv: $(VENV)/.installed
 
@@ -21,19 +21,24 @@ $(VENV)/.installed: pyproject.toml
 cluster-bins:
 	tools/clusterbins/build.sh $(abspath $(BIN))
 
+# prometheus and promtool (Debian's package, pinned): the rules' unit tests and the test
+# Prometheus. A no-op when installed; about 25 s cold (tools/prometheus/install.sh).
+prometheus:
+	tools/prometheus/install.sh
+
 lint: venv
 	$(VENV)/bin/ruff check strata operator worker router tests bench
 	$(VENV)/bin/ruff format --check strata operator worker router tests bench
 	$(VENV)/bin/mypy strata tests bench
 
-test: venv cluster-bins lint
+test: venv cluster-bins prometheus lint
 	$(VENV)/bin/pytest -q -ra
 
 # Unit tests only: no control plane, no slow model runs.
 test-fast: venv
 	$(VENV)/bin/pytest -q -m "not cluster and not slow"
 
-demo: venv cluster-bins
+demo: venv cluster-bins prometheus
 	$(VENV)/bin/strata demo
 
 bench: venv cluster-bins

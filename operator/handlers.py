@@ -99,6 +99,7 @@ def start_autoscaler(memo: kopf.Memo) -> None:
         views=runtime.views,
         peering=slot.peering,
         scrape_address=slot.config.scrape_address,
+        telemetry=runtime.telemetry,
     )
     slot.task = asyncio.create_task(
         slot.autoscaler.run(slot.config.autoscale_interval_s), name="strata-autoscaler"

@@ -193,7 +193,11 @@ def _worker_config(
             max_context_tokens=spec.model.max_context_tokens,
         ),
         engine=engine,
-        server=ServerConfig(port=SERVER_PORT, drain_timeout_s=engine.queue_timeout_s + GENERATION_BUDGET_S),
+        server=ServerConfig(
+            port=SERVER_PORT,
+            drain_timeout_s=engine.queue_timeout_s + GENERATION_BUDGET_S,
+            ttft_slo_s=tier.spec.slo.ttft_p95_ms / 1000,
+        ),
         kvtier=KVTierConfig(
             enabled=bool(dram or nvme or spec.cache.shared),
             dram=DramTierConfig(capacity_bytes=dram, eviction=policy.dram.eviction),

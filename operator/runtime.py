@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from strata.operator.autoscale.telemetry import Telemetry
 from strata.operator.children import Applier
 from strata.operator.events import EventSink
 from strata.operator.kube import KubeClient
@@ -27,13 +28,19 @@ class Runtime:
     runner: KeyedRunner  # per service
     tier_runner: KeyedRunner  # per tier: status.services follows services coming and going
     metrics: OperatorMetrics
+    # Filled by the autoscaler of the active replica; exported on the same metrics endpoint.
+    telemetry: Telemetry
 
     @classmethod
     def build(cls, kube: KubeClient, settings: OperatorSettings, events: EventSink) -> Runtime:
         metrics = OperatorMetrics()
         kube.observer = metrics
+        telemetry = Telemetry()
+        metrics.registry.register(telemetry)
         applier = Applier(kube, settings, metrics, events, IndexViews())
-        return cls(Reconciler(applier), TierReconciler(applier), KeyedRunner(), KeyedRunner(), metrics)
+        return cls(
+            Reconciler(applier), TierReconciler(applier), KeyedRunner(), KeyedRunner(), metrics, telemetry
+        )
 
     @property
     def views(self) -> IndexViews:

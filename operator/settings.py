@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from strata.operator.api.models import DNS_SUBDOMAIN
+
 NvmeVolumeMode = Literal["ephemeral", "hostPath"]
 NVME_VOLUME_MODES: tuple[NvmeVolumeMode, ...] = ("ephemeral", "hostPath")
+SECRET_NAME = re.compile(DNS_SUBDOMAIN)
 
 
 class SettingsError(ValueError):
@@ -29,6 +33,8 @@ class OperatorSettings:
     nvme_volume: NvmeVolumeMode = "ephemeral"
     nvme_host_path: str = "/var/lib/strata/nvme"
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    # Secret names for pulling the worker image; each must exist in every tenant namespace.
+    image_pull_secrets: tuple[str, ...] = ()
     # How long a replica's peering record stays valid without a refresh: a killed active replica
     # is replaced by a standby after at most this long.
     peering_lifetime_s: int = 60
@@ -51,6 +57,7 @@ _ENV = {
     "nvme_volume": "STRATA_NVME_VOLUME",
     "nvme_host_path": "STRATA_NVME_HOST_PATH",
     "tolerations": "STRATA_TOLERATIONS",
+    "image_pull_secrets": "STRATA_IMAGE_PULL_SECRETS",
     "peering_lifetime_s": "STRATA_PEERING_LIFETIME_S",
     "metrics_port": "STRATA_METRICS_PORT",
     "autoscale_interval_s": "STRATA_AUTOSCALE_INTERVAL_S",
@@ -87,6 +94,8 @@ def _convert(key: str, raw: str) -> Any:
         return raw
     if key == "tolerations":
         return _tolerations(raw)
+    if key == "image_pull_secrets":
+        return _pull_secrets(raw)
     if key in (
         "peering_lifetime_s",
         "metrics_port",
@@ -127,3 +136,21 @@ def _tolerations(raw: str) -> tuple[Mapping[str, Any], ...]:
     if not isinstance(parsed, list) or not all(isinstance(t, dict) for t in parsed):
         raise SettingsError(f"{_ENV['tolerations']}: must be a JSON list of toleration objects")
     return tuple(parsed)
+
+
+def _pull_secrets(raw: str) -> tuple[str, ...]:
+    """``[{"name": "regcred"}]``, as a pod's imagePullSecrets (and the chart's values) spell it."""
+    var = _ENV["image_pull_secrets"]
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{var}: not JSON ({exc.msg})") from None
+    if not isinstance(parsed, list):
+        raise SettingsError(f'{var}: must be a JSON list like [{{"name": "regcred"}}]')
+    names: list[str] = []
+    for item in parsed:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not SECRET_NAME.match(name):
+            raise SettingsError(f'{var}: {item!r} is not {{"name": <Secret name>}}')
+        names.append(name)
+    return tuple(names)

@@ -71,6 +71,12 @@ class ServerConfig(_Strict):
         "the rest are cut off: engine.queue_timeout_s plus the longest generation. The pod's grace period "
         "must exceed it.",
     )
+    ttft_slo_s: float | None = Field(
+        None,
+        gt=0,
+        description="The service tier's TTFT target (s): requests whose first token came within it are "
+        "counted in strata_worker_ttft_within_slo_total (SLO attainment).",
+    )
 
 
 class DramTierConfig(_Strict):

@@ -113,6 +113,18 @@ def inference_service_crd() -> JsonDict:
         _column("TTFT-P95-MS", "number", ".status.signals.ttftP95Ms", "Time to first token, p95 (ms)."),
         _column("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
         _column("Endpoint", "string", ".status.endpoint", "In-cluster URL of the API.", priority=1),
+        # -o wide: what limits the service, and the numbers behind the verdict.
+        _column(
+            "Bottleneck", "string", ".status.bottleneck.verdict", "What limits the service now.", priority=1
+        ),
+        _column("Busy", "number", ".status.bottleneck.engineBusy", "Engine busy share (0..1).", priority=1),
+        _column(
+            "Tier-Wait",
+            "number",
+            ".status.bottleneck.tierWaitShare",
+            "Step time waiting on tiers (0..1).",
+            priority=1,
+        ),
     ]
     version = {
         "schema": {"openAPIV3Schema": schema},

@@ -392,6 +392,33 @@ class Signals(StatusModel):
     )
 
 
+BottleneckVerdict = Literal["Idle", "DataPathBound", "HBMBound", "ComputeBound", "Headroom"]
+
+
+class Bottleneck(StatusModel):
+    """What limits the service over the last interval, and the numbers behind the verdict."""
+
+    verdict: BottleneckVerdict = Field(
+        description="Idle, DataPathBound (waiting on tier loads/saves), HBMBound (KV cache full, requests "
+        "preempted or blocks evicted, engine not saturated), ComputeBound (engine busy), or Headroom."
+    )
+    reason: str = Field("", max_length=1024, description="The rule that decided it, with its numbers.")
+    engine_busy: float | None = Field(
+        None, ge=0, le=1, description="Share of wall time the engines spent in steps with work (0..1)."
+    )
+    tier_wait_share: float | None = Field(
+        None, ge=0, le=1, description="Share of step time spent waiting on the KV-tier sidecar (0..1)."
+    )
+    kv_cache_usage: float | None = Field(None, ge=0, le=1, description="Mean HBM KV-cache usage (0..1).")
+    preemptions_per_second: float | None = Field(
+        None, ge=0, description="Requests preempted for lack of KV blocks, per pod-second."
+    )
+    hbm_evictions_per_second: float | None = Field(
+        None, ge=0, description="Cached KV blocks evicted from HBM to make room, per pod-second."
+    )
+    observed_at: datetime | None = Field(None, description="When it was decided (RFC 3339).")
+
+
 class ScalingDecision(StatusModel):
     time: datetime | None = Field(None, description="When the decision was made (RFC 3339).")
     from_replicas: int = Field(0, ge=0, description="Replicas before the decision (pods).")
@@ -422,6 +449,9 @@ class InferenceServiceStatus(StatusModel):
     signals: Signals | None = Field(None, description="Live signals the autoscaler uses.")
     last_scaling: ScalingDecision | None = Field(
         None, description="The last scaling decision and its reason."
+    )
+    bottleneck: Bottleneck | None = Field(
+        None, description="What limits the service now (docs/operator.md, Bottleneck diagnosis)."
     )
 
 
@@ -664,6 +694,39 @@ class ServiceTierSpec(ApiModel):
     limits: TierLimits = Field(default_factory=TierLimits, description="Per-service resource limits.")
 
 
+class CacheHours(StatusModel):
+    """Capacity held per cache tier (GiB x hours)."""
+
+    dram: float = Field(0, ge=0, description="Host-DRAM tier, all replicas (GiB-hours).")
+    nvme: float = Field(0, ge=0, description="Local-NVMe tier, all replicas (GiB-hours).")
+    shared: float = Field(0, ge=0, description="Shared tier, per service (GiB-hours).")
+
+
+class NamespaceUsage(StatusModel):
+    namespace: str = Field(max_length=63, description="The tenant's namespace.")
+    gpu_seconds: float = Field(0, ge=0, description="Replicas x GPUs x time (GPU-seconds).")
+    cache_gi_b_hours: CacheHours = Field(
+        default_factory=CacheHours, alias="cacheGiBHours", description="KV-cache capacity held (GiB-hours)."
+    )
+
+
+class TierUsage(StatusModel):
+    """Cumulated by the active operator replica about once a minute."""
+
+    since: datetime | None = Field(None, description="When accounting started (RFC 3339).")
+    updated_at: datetime | None = Field(None, description="Last update (RFC 3339).")
+    gpu_seconds: float = Field(0, ge=0, description="All services of the tier (GPU-seconds).")
+    cache_gi_b_hours: CacheHours = Field(
+        default_factory=CacheHours, alias="cacheGiBHours", description="All services of the tier (GiB-hours)."
+    )
+    namespaces: list[NamespaceUsage] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="Per tenant namespace.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["namespace"]},
+    )
+
+
 class ServiceTierStatus(StatusModel):
     observed_generation: int | None = Field(None, ge=0, description="metadata.generation last reconciled.")
     conditions: list[Condition] = Field(
@@ -676,6 +739,9 @@ class ServiceTierStatus(StatusModel):
         None, max_length=253, description="The PriorityClass of this tier."
     )
     services: int = Field(0, ge=0, description="InferenceServices that use this tier.")
+    usage: TierUsage | None = Field(
+        None, description="What the tier's services held, cumulated: the cost per tenant and cache tier."
+    )
 
 
 class ServiceTier(ApiModel):

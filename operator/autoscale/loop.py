@@ -1,5 +1,6 @@
 """The autoscaler's periodic loop: scrape every managed service's ready pods, write
-``status.signals``, and for ``autoscaling.mode: builtin`` scale through the scale subresource.
+``status.signals`` and ``status.bottleneck``, account the service's cost, and for
+``autoscaling.mode: builtin`` scale through the scale subresource.
 
 One background task, started by the operator at start-up (kopf timers and daemons would add
 finalizers to every InferenceService). Each interval it asks the peering object whether this
@@ -21,12 +22,15 @@ from typing import Any
 import aiohttp
 
 from strata.operator import names
+from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
+from strata.operator.autoscale.cost import footprint, merge_usage, usage
 from strata.operator.autoscale.decide import Decision, History, Observation, Policy, decide
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.autoscale.peering import is_active
 from strata.operator.autoscale.pods import MERGE_PATCH, metrics_url
 from strata.operator.autoscale.scalein import ScaleIn
 from strata.operator.autoscale.signals import Aggregate, Scrape, aggregate
+from strata.operator.autoscale.telemetry import Telemetry
 from strata.operator.events import EventSink
 from strata.operator.kube import KubeClient, KubeError, Obj, object_path
 from strata.operator.replicas import desired_replicas
@@ -40,6 +44,8 @@ FIELD_MANAGER = "strata-autoscaler"
 SCRAPE_TIMEOUT_S = 3.0
 SCRAPE_CONCURRENCY = 32
 API_ERRORS = (KubeError, aiohttp.ClientError, TimeoutError)
+# How often the cost accrued in memory is added to each ServiceTier's status.usage.
+USAGE_WRITE_INTERVAL_S = 60.0
 ServiceKey = tuple[str, str]
 
 
@@ -63,6 +69,9 @@ class Autoscaler:
     scrapes: dict[str, Scrape] = field(default_factory=dict)
     histories: dict[str, History] = field(default_factory=dict)
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> signals last written
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    usage_write_interval_s: float = USAGE_WRITE_INTERVAL_S
+    _usage_written_at: float | None = None
     _http: aiohttp.ClientSession | None = None
     _limit: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SCRAPE_CONCURRENCY))
     scale_in: ScaleIn = field(init=False)
@@ -84,7 +93,9 @@ class Autoscaler:
             self.scrapes.clear()  # a standby's memory would be stale when it takes over
             self.histories.clear()
             self.written.clear()
+            self.telemetry.deactivate()
             return
+        self.telemetry.active = True
         keys = list(self.services())
         seen = await asyncio.gather(*(self.service(ns, name) for ns, name in keys))
         live = {uid for uid in seen if uid}
@@ -92,6 +103,8 @@ class Autoscaler:
             self.scrapes.pop(gone, None)
             self.histories.pop(gone, None)
             self.written.pop(gone, None)
+        self.telemetry.forget({key for key, uid in zip(keys, seen, strict=True) if uid})
+        await self._write_usage()
 
     async def close(self) -> None:
         if self._http is not None:
@@ -105,17 +118,21 @@ class Autoscaler:
                 return None
             uid = str(isvc["metadata"]["uid"])
             samples = await self._scrape_pods(namespace, name)
+            tier = self.views.tier(_tier_name(isvc))
             now = self.clock()
             current = Scrape(now, samples)
             previous = self.scrapes.get(uid)
             self.scrapes[uid] = current
+            self._observe_replicas(isvc)
             if previous is None:
                 return uid  # priming: deltas need two scrapes
             self.scale_in.observe(previous, current)
             agg = aggregate(previous, current)
-            await self._write_signals(isvc, agg)
+            diagnosis = diagnose(agg)
+            self._account(isvc, tier, now - previous.time, diagnosis)
+            await self._write_signals(isvc, agg, diagnosis)
             if (isvc.get("spec", {}).get("autoscaling") or {}).get("mode", "builtin") == "builtin":
-                await self._scale(isvc, uid, agg, now)
+                await self._scale(isvc, uid, agg, now, tier)
             return uid
         except API_ERRORS as exc:
             log.warning("autoscaler: %s/%s skipped this interval: %s", namespace, name, exc)
@@ -176,15 +193,71 @@ class Autoscaler:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
         return self._http
 
-    async def _write_signals(self, isvc: Mapping[str, Any], agg: Aggregate) -> None:
-        """Only when a signal moved: an unchanged scrape is no news, whatever its timestamp."""
+    async def _write_signals(
+        self, isvc: Mapping[str, Any], agg: Aggregate, diagnosis: Diagnosis | None
+    ) -> None:
+        """Only when a signal or the verdict moved: an unchanged scrape is no news, whatever its
+        timestamp."""
         uid = str(isvc["metadata"]["uid"])
-        new = signals_status(agg, datetime.now(UTC))
-        before = self.written.get(uid, (isvc.get("status") or {}).get("signals"))
-        if not signals_changed(before, new):
+        now = datetime.now(UTC)
+        new = {"signals": signals_status(agg, now), "bottleneck": bottleneck_status(diagnosis, now)}
+        before = self.written.get(uid) or {
+            key: (isvc.get("status") or {}).get(key) for key in ("signals", "bottleneck")
+        }
+        if not any(signals_changed(before.get(key), new[key]) for key in new):
             return
-        await self._patch_status(isvc, {"signals": new})
+        await self._patch_status(isvc, new)
         self.written[uid] = new
+
+    def _observe_replicas(self, isvc: Mapping[str, Any]) -> None:
+        status = isvc.get("status") or {}
+        state = self.telemetry.state(_key(isvc), _tier_name(isvc))
+        state.desired = int(status.get("desiredReplicas") or 0)
+        state.ready = int(status.get("readyReplicas") or 0)
+
+    def _account(
+        self,
+        isvc: Mapping[str, Any],
+        tier: Mapping[str, Any] | None,
+        seconds: float,
+        diagnosis: Diagnosis | None,
+    ) -> None:
+        """The verdict for the metrics, and the interval's cost (what the service held)."""
+        key, tier_name = _key(isvc), _tier_name(isvc)
+        self.telemetry.state(key, tier_name).diagnosis = diagnosis
+        held = footprint(isvc, tier)
+        if held is not None and seconds > 0:
+            self.telemetry.accrue(key, tier_name, usage(held, seconds))
+
+    async def _write_usage(self) -> None:
+        """Add the cost accrued since the last write to each ServiceTier's status.usage. The base
+        is what this replica last wrote (the watch cache may not show it yet), else the tier's
+        status as the watch cache has it (the first write after taking over)."""
+        now = self.clock()
+        if self._usage_written_at is not None and now - self._usage_written_at < self.usage_write_interval_s:
+            return
+        self._usage_written_at = now
+        for tier_name, added in list(self.telemetry.unwritten.items()):
+            tier = self.views.tier(tier_name)
+            if tier is None:
+                self.telemetry.unwritten.pop(tier_name, None)  # deleted: nothing to add it to
+                continue
+            base = self.telemetry.usage_written.get(tier_name) or (tier.get("status") or {}).get("usage")
+            merged = merge_usage(base, added, _rfc3339(datetime.now(UTC)))
+            path = object_path(names.API_VERSION, names.TIER_KIND, tier_name)
+            try:
+                await self.kube.request(
+                    "PATCH",
+                    f"{path}/status",
+                    params={"fieldManager": FIELD_MANAGER},
+                    body={"status": {"usage": merged}},
+                    content_type=MERGE_PATCH,
+                )
+            except API_ERRORS as exc:
+                log.warning("autoscaler: usage of ServiceTier %s not written this time: %s", tier_name, exc)
+                continue
+            self.telemetry.unwritten.pop(tier_name, None)
+            self.telemetry.usage_written[tier_name] = merged
 
     async def _patch_status(self, isvc: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         await self._merge_patch(isvc, "status", {"status": status})
@@ -201,9 +274,10 @@ class Autoscaler:
             content_type=MERGE_PATCH,
         )
 
-    async def _scale(self, isvc: Mapping[str, Any], uid: str, agg: Aggregate, now: float) -> None:
+    async def _scale(
+        self, isvc: Mapping[str, Any], uid: str, agg: Aggregate, now: float, tier: Obj | None
+    ) -> None:
         spec = isvc.get("spec", {})
-        tier = self.views.tier(str(spec.get("tier", "standard")))
         if tier is None:
             return  # the reconciler reports the missing tier; nothing to scale within
         try:
@@ -246,6 +320,7 @@ class Autoscaler:
             "reason": decision.reason[:1024],
         }
         await self._patch_status(isvc, {"lastScaling": last})
+        self.telemetry.scaled(_key(isvc), _tier_name(isvc), current, decision.replicas)
         self.events(isvc, "Normal", "Scaled", decision.reason)
         log.info("autoscaler: %s/%s %s", meta["namespace"], meta["name"], decision.reason)
 
@@ -261,7 +336,7 @@ def signals_status(agg: Aggregate, now: datetime) -> dict[str, Any]:
     }
 
 
-def signals_changed(before: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+def signals_changed(before: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
     """Whether any signal differs; the time of the scrape is not a change, and an unknown
     signal (null, removed by the merge patch) equals an absent one."""
 
@@ -269,6 +344,34 @@ def signals_changed(before: Mapping[str, Any] | None, new: Mapping[str, Any]) ->
         return {k: v for k, v in (signals or {}).items() if v is not None and k != "observedAt"}
 
     return known(before) != known(new)
+
+
+def bottleneck_status(diagnosis: Diagnosis | None, now: datetime) -> dict[str, Any] | None:
+    """status.bottleneck on the wire; None (a merge patch removes it) when undecided."""
+    if diagnosis is None:
+        return None
+
+    def ratio(value: float | None) -> float | None:
+        return round(value, 4) if value is not None else None
+
+    return {
+        "verdict": diagnosis.verdict,
+        "reason": diagnosis.reason[:1024],
+        "engineBusy": ratio(diagnosis.engine_busy),
+        "tierWaitShare": ratio(diagnosis.tier_wait_share),
+        "kvCacheUsage": ratio(diagnosis.kv_cache_usage),
+        "preemptionsPerSecond": round(diagnosis.preemptions_per_s, 4),
+        "hbmEvictionsPerSecond": round(diagnosis.hbm_evictions_per_s, 4),
+        "observedAt": _rfc3339(now),
+    }
+
+
+def _key(isvc: Mapping[str, Any]) -> tuple[str, str]:
+    return str(isvc["metadata"]["namespace"]), str(isvc["metadata"]["name"])
+
+
+def _tier_name(isvc: Mapping[str, Any]) -> str:
+    return str((isvc.get("spec") or {}).get("tier", "standard"))
 
 
 def _rfc3339(when: datetime) -> str:

@@ -20,6 +20,13 @@ PREFIX_HITS = P + "prefix_hit_tokens_total"
 PROMPT_TOKENS = P + "prompt_tokens_total"
 CACHED_BLOCKS = P + "kv_cached_blocks"
 TIER_BLOCKS = "strata_kvtier_blocks"  # the KV-tier sidecar's, on its own metrics port
+# Where step time goes (the bottleneck verdict): plain counters, summed over their labels.
+ENGINE_COUNTERS = {
+    P + "engine_busy_seconds_total": "busy_s",
+    P + "tier_wait_seconds_total": "tier_wait_s",
+    P + "preemptions_total": "preemptions",
+    P + "hbm_evictions_total": "hbm_evictions",
+}
 
 
 class MetricsError(ValueError):
@@ -38,6 +45,7 @@ class PodSample:
     prefix_hit_tokens: Mapping[str, float] = field(default_factory=dict)
     prompt_tokens: float = 0.0
     kv_cached_blocks: float | None = None  # HBM blocks holding a reusable prefix
+    engine: Mapping[str, float] = field(default_factory=dict)  # ENGINE_COUNTERS values, by field
 
 
 def parse_exposition(text: str) -> PodSample:
@@ -52,10 +60,14 @@ def parse_exposition(text: str) -> PodSample:
     hits: dict[str, float] = {}
     prompt = 0.0
     cached: float | None = None
+    engine: dict[str, float] = {}
     for family in families:
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
-            if name == KV_USAGE:
+            if name in ENGINE_COUNTERS:
+                key = ENGINE_COUNTERS[name]
+                engine[key] = engine.get(key, 0.0) + value
+            elif name == KV_USAGE:
                 kv = value
             elif name == QUEUE:
                 waiting = value
@@ -84,6 +96,7 @@ def parse_exposition(text: str) -> PodSample:
         prefix_hit_tokens=hits,
         prompt_tokens=prompt,
         kv_cached_blocks=cached,
+        engine=engine,
     )
 
 

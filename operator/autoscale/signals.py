@@ -31,6 +31,9 @@ class Aggregate:
     prefix_hit_ratio: Mapping[str, float] = field(default_factory=dict)  # per tier, over the interval
     first_tokens: float = 0.0  # requests that got a first token in the interval
     prompt_tokens: float = 0.0  # prompt tokens admitted in the interval
+    # ENGINE_COUNTERS deltas summed over the pods seen twice, and the pod-seconds they cover.
+    engine: Mapping[str, float] = field(default_factory=dict)
+    pod_seconds: float = 0.0
 
     @property
     def had_traffic(self) -> bool:
@@ -44,10 +47,15 @@ def aggregate(previous: Scrape, current: Scrape) -> Aggregate:
     buckets: dict[float, float] = {}
     first_tokens = prompt = 0.0
     hits: dict[str, float] = {}
+    engine: dict[str, float] = {}
+    pod_seconds = 0.0
     for uid, now in current.pods.items():
         before = previous.pods.get(uid)
         if before is None:
             continue
+        pod_seconds += max(0.0, current.time - previous.time)
+        for key, value in now.engine.items():
+            engine[key] = engine.get(key, 0.0) + _delta(before.engine.get(key, 0.0), value)
         for bound, count in _histogram_delta(before, now):
             buckets[bound] = buckets.get(bound, 0.0) + count
         first_tokens += _delta(before.ttft_count, now.ttft_count)
@@ -64,6 +72,8 @@ def aggregate(previous: Scrape, current: Scrape) -> Aggregate:
         prefix_hit_ratio={t: min(1.0, h / prompt) for t, h in sorted(hits.items())} if prompt > 0 else {},
         first_tokens=first_tokens,
         prompt_tokens=prompt,
+        engine=engine,
+        pod_seconds=pod_seconds,
     )
 
 

@@ -40,21 +40,24 @@ def render_pod_template(plan: ServicePlan, settings: OperatorSettings) -> Manife
         "containers": [engine_container(plan, settings)],
         "volumes": render_volumes(plan, settings),
     }
-    spec.update(pod_overrides(plan))
+    spec.update(pod_overrides(plan, settings))
     init = [c for c in (model_fetcher(plan, settings), kvtier_sidecar(plan, settings)) if c is not None]
     if init:
         spec["initContainers"] = init
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
 
-def pod_overrides(plan: ServicePlan) -> Manifest:
-    """The pod-level settings of ``spec.pod`` that the operator has no value of its own for."""
+def pod_overrides(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
+    """The pod-level settings of ``spec.pod`` that the operator has no value of its own for; image
+    pull secrets are the operator's (chart ``worker.imagePullSecrets``) and then the service's."""
     pod = plan.pod
     out: Manifest = {}
     if pod.service_account_name:
         out["serviceAccountName"] = pod.service_account_name
-    if pod.image_pull_secrets:
-        out["imagePullSecrets"] = list(pod.image_pull_secrets)
+    secrets = [{"name": name} for name in settings.image_pull_secrets]
+    secrets += [s for s in pod.image_pull_secrets if s not in secrets]
+    if secrets:
+        out["imagePullSecrets"] = secrets
     if pod.affinity:
         out["affinity"] = pod.affinity
     return out

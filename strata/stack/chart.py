@@ -1,9 +1,9 @@
 """Install charts/strata the way a user does: ``helm upgrade --install``, with no operator pods.
 
 The operator runs on this machine instead (strata.stack.operator_process), as the chart's
-ServiceAccount. Helm never upgrades the CRDs of its crds/ folder once installed, so they (and
-the tier-limit admission policy beside them) are server-side applied first, current on a reused
-cluster too, and Helm skips them. Install returns only once the API server admits
+ServiceAccount. Helm never upgrades the CRDs of its crds/ folder once installed (the chart's
+pre-upgrade hook Job does, which KWOK only pretends to run), so they are server-side applied
+first, current on a reused cluster too, and Helm skips them. Install returns only once the API server admits
 InferenceServices: right after a fresh install the admission policy refuses them for some seconds
 while the ServiceTier CRD (its parameter kind) is discovered (docs/api.md)."""
 

@@ -69,3 +69,17 @@ def test_hand_written_lines_parse_too():
 def test_bad_expositions_are_refused_with_the_reason(text, fragment):
     with pytest.raises(MetricsError, match=fragment):
         parse_exposition(text)
+
+
+def test_engine_counters_and_the_slo_counter_come_from_the_worker() -> None:
+    stats = EngineStats(prompt_tokens=10, preemptions=2, hbm_evictions=7, busy_seconds=4.5)
+    stats.tier_wait_seconds.update({"load": 1.0, "save": 0.5})
+    engine = SimpleNamespace(blocks=SimpleNamespace(usage=0.1), stats=stats)
+    metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=0, num_running=0), ttft_slo_s=0.3)  # type: ignore[arg-type]
+    for seconds in (0.1, 0.3, 0.31, 2.0):
+        metrics.observe_ttft(seconds)
+    text = metrics.render().decode()
+    assert "strata_worker_ttft_within_slo_total 2.0" in text  # 0.1 and 0.3: within, inclusive
+    assert "strata_worker_ttft_slo_seconds 0.3" in text
+    sample = parse_exposition(text)
+    assert sample.engine == {"busy_s": 4.5, "tier_wait_s": 1.5, "preemptions": 2.0, "hbm_evictions": 7.0}

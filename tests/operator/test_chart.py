@@ -1,15 +1,19 @@
-"""The Helm chart: lints, renders the operator with peering, and the RBAC the operator needs."""
+"""The Helm chart: lints, its values schema, the operator with peering, RBAC, the upgrade hook."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from strata.cluster import Cluster
 from strata.cluster.binaries import find_bin_dir
+from strata.operator.api import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "strata"
@@ -23,11 +27,28 @@ def helm(*args: str) -> str:
     ).stdout
 
 
-def render(*sets: str) -> list[dict[str, Any]]:
-    argv = ["template", "strata", str(CHART), "-n", "strata-system"]
+def helm_error(*args: str) -> str:
+    """Run helm expecting it to fail; its error output."""
+    done = subprocess.run([str(find_bin_dir() / "helm"), *args], capture_output=True, text=True)
+    assert done.returncode != 0, f"helm {' '.join(args)} should have failed:\n{done.stdout[-2000:]}"
+    return done.stderr
+
+
+# `helm template` assumes Kubernetes 1.20 unless told (a helm built without Helm's release ldflags),
+# which the chart's kubeVersion refuses: render for the test control plane's version.
+KUBE_VERSION = "1.34.4"
+
+
+def render(*sets: str, release: str = "strata") -> list[dict[str, Any]]:
+    argv = ["template", release, str(CHART), "-n", "strata-system", "--kube-version", KUBE_VERSION]
     for s in sets:
         argv += ["--set", s]
     return [d for d in yaml.safe_load_all(helm(*argv)) if d]
+
+
+def template_error(*sets: str) -> str:
+    sets_argv = [a for s in sets for a in ("--set", s)]
+    return helm_error("template", "strata", str(CHART), "--kube-version", KUBE_VERSION, *sets_argv)
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -35,7 +56,156 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def test_chart_lints():
-    assert "0 chart(s) failed" in helm("lint", str(CHART))
+    assert "0 chart(s) failed" in helm("lint", "--strict", str(CHART))
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("operator.replicas=-1", "/operator/replicas"),
+        (
+            "serviceTiers.tiers.premium.cache.dram.eviction=fifo",
+            "/serviceTiers/tiers/premium/cache/dram/eviction",
+        ),
+        (
+            "serviceTiers.tiers.premium.cache.nvme.maxSize=12XB",
+            "/serviceTiers/tiers/premium/cache/nvme/maxSize",
+        ),
+        ("operator.replica=3", "replica"),  # a typo is not silently ignored
+        ("worker.nvmeVolume=nfs", "/worker/nvmeVolume"),
+        ("worker.imagePullSecrets[0].nam=x", "/worker/imagePullSecrets/0"),
+        ("serviceTiers.tiers.Gold.priority=1", "Gold"),
+    ],
+)
+def test_values_schema_refuses_bad_values_naming_them(value: str, named: str) -> None:
+    error = template_error(value)
+    assert "values don't meet the specifications of the schema" in error
+    assert named in error, error
+
+
+def test_kubernetes_older_than_1_30_is_refused() -> None:
+    error = helm_error("template", "strata", str(CHART), "--kube-version", "1.29.0")
+    assert "kubeVersion" in error and ">=1.30.0-0" in error
+
+
+def test_tier_overrides_merge_over_the_defaults_and_add_tiers() -> None:
+    tiers = {
+        t["metadata"]["name"]: t["spec"]
+        for t in by_kind(
+            render(
+                "serviceTiers.tiers.premium.cache.dram.maxSize=256Gi",
+                "serviceTiers.tiers.gold.priority=2000000",
+            ),
+            "ServiceTier",
+        )
+    }
+    default = yaml.safe_load((CHART / "files" / "servicetiers" / "premium.yaml").read_text())["spec"]
+    assert tiers["premium"]["cache"]["dram"] == {**default["cache"]["dram"], "maxSize": "256Gi"}
+    assert tiers["premium"]["priority"] == default["priority"] == 1000000  # an int, not 1e+06
+    assert tiers["premium"]["slo"] == default["slo"]
+    assert tiers["gold"] == {"priority": 2000000}
+    assert set(tiers) == {"premium", "standard", "batch", "gold"}
+
+
+def test_notes_say_what_to_do_next_and_warn_about_the_policy_delay(cluster: Cluster) -> None:
+    # A server-side dry run renders for the cluster's version and creates nothing.
+    notes = helm(
+        "install",
+        "strata",
+        str(CHART),
+        "-n",
+        "strata-system",
+        "--dry-run=server",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+    )
+    notes = notes.split("NOTES:", 1)[1]
+    assert "rollout status deployment/strata" in notes and "helm test strata" in notes
+    assert "enforced only a few" in notes and "TierLimitsExceeded" in notes
+    assert "pre-upgrade hook" in notes
+
+
+def test_operator_pdb_takes_one_replica_at_a_time() -> None:
+    (pdb,) = by_kind(render(), "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert (
+        pdb["spec"]["selector"]["matchLabels"]
+        == by_kind(render(), "Deployment")[0]["spec"]["selector"]["matchLabels"]
+    )
+    assert by_kind(render("operator.podDisruptionBudget.enabled=false"), "PodDisruptionBudget") == []
+
+
+def test_pull_secrets_annotations_and_labels_reach_the_pods() -> None:
+    docs = render(
+        "imagePullSecrets[0].name=opregcred",
+        "worker.imagePullSecrets[0].name=regcred",
+        "operator.podAnnotations.team=ml",
+        "operator.podLabels.cost-center=ml-platform",
+        "serviceAccount.annotations.iam\\.example/role=strata",
+    )
+    (deployment,) = by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "opregcred"}]
+    assert pod["metadata"]["annotations"] == {"team": "ml"}
+    assert pod["metadata"]["labels"]["cost-center"] == "ml-platform"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert json.loads(env["STRATA_IMAGE_PULL_SECRETS"]) == [{"name": "regcred"}]
+    (sa,) = [s for s in by_kind(docs, "ServiceAccount") if s["metadata"]["name"] == "strata"]
+    assert sa["metadata"]["annotations"] == {"iam.example/role": "strata"}
+
+
+def test_fullname_override_names_every_object_and_the_peering_follows_the_release() -> None:
+    docs = render("fullnameOverride=llm")
+    named = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("Deployment", "llm"), ("Service", "llm-metrics"), ("ClusterRole", "llm")} <= named
+    (deployment,) = by_kind(docs, "Deployment")
+    assert "--peering=llm" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    # Two releases never share a peering object (they would pause each other's replicas).
+    other = by_kind(render(release="other"), "ClusterKopfPeering")[0]["metadata"]["name"]
+    assert other == "other-strata" != by_kind(render(), "ClusterKopfPeering")[0]["metadata"]["name"]
+
+
+def test_admission_policy_is_a_template_so_helm_upgrades_it() -> None:
+    kinds = {d["kind"] for d in render()}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    assert not list((CHART / "crds").glob("*policy*"))
+
+
+def test_crd_upgrade_hook_may_patch_only_strata_crds() -> None:
+    docs = render()
+    (job,) = by_kind(docs, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["crds", "apply"]
+    role = next(r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"].endswith("crds-upgrade"))
+    (rule,) = role["rules"]
+    assert rule["verbs"] == ["get", "patch"]
+    assert set(rule["resourceNames"]) == {c["metadata"]["name"] for c in generate.crds()}
+    assert by_kind(render("crds.upgrade=false"), "Job") == []
+
+
+def test_helm_test_hook_checks_the_operator_liveness_through_its_service() -> None:
+    docs = yaml.safe_load_all(
+        helm(
+            "template",
+            "strata",
+            str(CHART),
+            "-n",
+            "strata-system",
+            "--kube-version",
+            KUBE_VERSION,
+            "--show-only",
+            "templates/tests/operator-ready.yaml",
+        )
+    )
+    (pod,) = [d for d in docs if d]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[:2] == ["operator", "ready"]
+    assert "--url=http://strata-metrics.strata-system.svc:8080/healthz" in args
+    (service,) = by_kind(render(), "Service")
+    assert {"name": "liveness", "port": 8080, "targetPort": "liveness"} in service["spec"]["ports"]
+    # The test pod is not one of the operator's pods.
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] != "strata-operator"
 
 
 def test_two_replicas_use_peering_with_random_priorities():
@@ -58,7 +228,7 @@ def test_default_tiers_are_installed_behind_a_toggle():
 
 
 def test_rbac_grants_no_wildcards_no_secrets_and_no_gets_of_what_is_watched():
-    (role,) = by_kind(render(), "ClusterRole")
+    (role,) = [r for r in by_kind(render(), "ClusterRole") if r["metadata"]["name"] == "strata"]
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
         assert "secrets" not in rule["resources"]
@@ -74,7 +244,7 @@ def test_rbac_grants_no_wildcards_no_secrets_and_no_gets_of_what_is_watched():
         "pods",
     ):
         assert "get" not in reads[resource] and {"list", "watch"} <= reads[resource], resource
-    (binding,) = by_kind(render(), "ClusterRoleBinding")
+    (binding,) = [b for b in by_kind(render(), "ClusterRoleBinding") if b["metadata"]["name"] == "strata"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "strata", "namespace": "strata-system"}]
 
 
@@ -89,3 +259,66 @@ def test_operator_pod_is_hardened_and_probed():
     assert by_kind(render("worker.nvmeVolume=hostPath"), "Deployment")[0]["spec"]["template"]["spec"][
         "containers"
     ][0]["env"][2] == {"name": "STRATA_NVME_VOLUME", "value": "hostPath"}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_crds_apply_upgrades_an_older_crd_under_the_hooks_rbac(cluster: Cluster, namespace: str) -> None:
+    """What the pre-upgrade hook Job runs, run here as a process with its ServiceAccount's token
+    (KWOK runs no containers): an older ServiceTier CRD is brought up to this version's."""
+    rendered = helm(
+        "template",
+        "obs",
+        str(CHART),
+        "-n",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+        "--show-only",
+        "templates/crds-upgrade.yaml",
+    )
+    rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "Job"]
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+    try:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        current = next(
+            c
+            for c in generate.crds()
+            if c["kind"] == "CustomResourceDefinition" and "servicetiers" in c["metadata"]["name"]
+        )
+        older = json.loads(json.dumps(current))
+        older["spec"]["versions"][0]["additionalPrinterColumns"].pop()  # this version added "Age"
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(older))
+        assert _columns(cluster) == [
+            c["name"] for c in older["spec"]["versions"][0]["additionalPrinterColumns"]
+        ]
+        kubeconfig = cluster.service_account_kubeconfig(namespace, "obs-strata-crds-upgrade")
+        done = subprocess.run(
+            [sys.executable, "-m", "strata", "crds", "apply", "--kubeconfig", str(kubeconfig)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "servicetiers.strata.dev: configured" in done.stdout
+        assert _columns(cluster) == [
+            c["name"] for c in current["spec"]["versions"][0]["additionalPrinterColumns"]
+        ]
+        # The hook's ServiceAccount can touch nothing but Strata's CRDs.
+        denied = cluster.kubectl(
+            "auth",
+            "can-i",
+            "patch",
+            "customresourcedefinitions/clusterkopfpeerings.kopf.dev",
+            user_kubeconfig=kubeconfig,
+            check=False,
+        )
+        assert denied.stdout.strip() == "no"
+    finally:
+        cluster.kubectl(
+            "delete", "clusterrole,clusterrolebinding", "obs-strata-crds-upgrade", "--ignore-not-found"
+        )
+
+
+def _columns(cluster: Cluster) -> list[str]:
+    crd = cluster.kubectl_json("get", "crd", "servicetiers.strata.dev", "-o", "json")
+    return [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]

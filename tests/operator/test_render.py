@@ -274,6 +274,13 @@ def test_extra_tolerations_come_from_the_settings():
     assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in tolerations
 
 
+def test_image_pull_secrets_come_from_the_settings():
+    plan, _ = make()
+    assert "imagePullSecrets" not in render_pod_template(plan, OperatorSettings())["spec"]
+    spec = render_pod_template(plan, OperatorSettings(image_pull_secrets=("regcred",)))["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+
+
 def test_engine_image_on_the_service_overrides_the_default():
     plan, settings = make(engine={"image": "registry.local/strata:dev"})
     assert all(

@@ -15,10 +15,12 @@ def test_environment_is_read():
             "STRATA_NVME_VOLUME": "hostPath",
             "STRATA_METRICS_PORT": "9191",
             "STRATA_TOLERATIONS": '[{"key": "a", "operator": "Exists"}]',
+            "STRATA_IMAGE_PULL_SECRETS": '[{"name": "regcred"}, {"name": "mirror.creds"}]',
         }
     )
     assert s.nvme_volume == "hostPath" and s.metrics_port == 9191
     assert s.tolerations == ({"key": "a", "operator": "Exists"},)
+    assert s.image_pull_secrets == ("regcred", "mirror.creds")
 
 
 @pytest.mark.parametrize(
@@ -31,6 +33,10 @@ def test_environment_is_read():
         ("tolerations", "{", "not JSON"),
         ("tolerations", '{"key": "a"}', "JSON list"),
         ("nvme_host_path", "relative/dir", "absolute"),
+        ("image_pull_secrets", "regcred", "STRATA_IMAGE_PULL_SECRETS: not JSON"),
+        ("image_pull_secrets", '{"name": "x"}', "JSON list"),
+        ("image_pull_secrets", '["regcred"]', "is not"),
+        ("image_pull_secrets", '[{"name": "Bad_Name"}]', "Bad_Name"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(key, value, fragment):

@@ -3,6 +3,7 @@ HBM are loaded from the tier, and decoding after a load equals recomputation."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -181,3 +182,26 @@ def test_a_partial_load_uses_only_the_intact_blocks(make_engine: EngineFactory) 
     assert seq.hit_tokens == {"hbm": 0, "dram": 8}
     assert seq.output_ids == reference_decode(engine, prompt, 5)[0]
     assert all(torch.isfinite(t).all() for t in seq.logits)
+
+
+class SlowConnector(DictConnector):
+    """A tier whose loads take 50 ms: the time the engine waits is counted, inside its busy time."""
+
+    def load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
+        time.sleep(0.05)
+        return super().load(hashes, out)
+
+
+def test_busy_time_tier_waits_and_hbm_evictions_are_counted(make_engine: EngineFactory) -> None:
+    tier = SlowConnector()
+    prompt = prompt_of(30, seed=7)
+    engine = make_engine(connector=tier, num_gpu_blocks=12)
+    engine.generate(prompt, GREEDY)
+    engine.generate(prompt_of(40, seed=8), GREEDY)  # needs more blocks than are free: evicts
+    assert engine.stats.hbm_evictions > 0
+    engine.evict_cached_blocks()
+    fresh = make_engine(connector=tier)
+    fresh.generate(prompt, GREEDY)
+    waits = fresh.stats.tier_wait_seconds
+    assert waits["load"] >= 0.05 and waits["lookup"] > 0
+    assert fresh.stats.busy_seconds >= sum(waits.values())

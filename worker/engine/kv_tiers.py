@@ -8,12 +8,14 @@ connector may fail or be absent: then every lookup is a miss and the engine reco
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 import torch
 
 from strata.worker.engine.block_manager import BlockManager
+from strata.worker.engine.stats import EngineStats
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 
 log = logging.getLogger(__name__)
@@ -31,15 +33,18 @@ class TierBridge:
         blocks: BlockManager,
         store: BlockStore,
         write_through: bool = False,
+        stats: EngineStats | None = None,
     ) -> None:
         self.connector = connector
         self.blocks = blocks
         self.store = store
         self.write_through = write_through and connector is not None
+        self.stats = stats if stats is not None else EngineStats()
 
     def save_evictions(self) -> None:
         """Offer blocks evicted from HBM to the tiers; must run before their ids are written."""
         evictions = self.blocks.take_evictions()
+        self.stats.hbm_evictions += len(evictions)
         if self.connector is None or not evictions:
             return
         refs = [e.ref for e in evictions]
@@ -81,8 +86,12 @@ class TierBridge:
 
     def _call(self, what: str, fn: Callable[[KVConnector], T]) -> T | None:
         assert self.connector is not None
+        started = time.monotonic()
         try:
             return fn(self.connector)
         except Exception:  # the tiers are an optimisation: never fail a request for them
             log.warning("kv connector %s failed; treating as a miss", what, exc_info=True)
             return None
+        finally:
+            if what in self.stats.tier_wait_seconds:
+                self.stats.tier_wait_seconds[what] += time.monotonic() - started

@@ -94,7 +94,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self.root_hash = root_hash(config.cache_namespace, config.model.name, cfg.block_size)
         write_through = config.kvtier.write_mode == "write-through"
-        self.tiers = TierBridge(connector, self.blocks, self.runner, write_through=write_through)
+        self.tiers = TierBridge(connector, self.blocks, self.runner, write_through=write_through, stats=self.stats)
         self.prefix = PrefixCache(self.blocks, self.tiers, self.root_hash, self.stats)
         limits = SchedulerLimits(
             cfg.max_num_seqs, cfg.max_batched_tokens, cfg.max_queue_len, cfg.queue_timeout_s
@@ -185,7 +185,8 @@ class LLMEngine:
             self.sampler.forget(seq_id)
 
     def step(self) -> list[StepOutput]:
-        batch = self.scheduler.schedule(time.monotonic())
+        started = time.monotonic()
+        batch = self.scheduler.schedule(started)
         outputs = [self._forget(seq, []) for seq in batch.rejected]  # the scheduler finished them
         self.tiers.save_evictions()
         if not batch.items:
@@ -202,6 +203,8 @@ class LLMEngine:
                 continue  # a prefill chunk short of the end: no token yet
             outputs.append(self._append(seq, logits[row]))
             row += 1
+        # Scheduling (tier loads at admission), saves and the forward pass: the step's wall time.
+        self.stats.busy_seconds += time.monotonic() - started
         return outputs
 
     def _append(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from strata.worker.kv_connector import Tier
 
 TIERS: tuple[Tier, ...] = ("hbm", "dram", "nvme", "shared")
+# Calls to the KV-tier connector that a step waits on (prefetch only queues work).
+TIER_OPS = ("lookup", "load", "save")
 
 
 @dataclass
@@ -18,6 +20,10 @@ class EngineStats:
     preemptions: int = 0
     hit_tokens: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     rejected: Counter[str] = field(default_factory=Counter)  # reason -> requests refused
+    # Where step time goes, for the operator's bottleneck verdict (docs/operator.md).
+    busy_seconds: float = 0.0  # wall time inside step() with work to do
+    tier_wait_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIER_OPS, 0.0))
+    hbm_evictions: int = 0  # cached blocks pushed out of HBM to make room
 
     @property
     def prefix_hit_ratio(self) -> float:

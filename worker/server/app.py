@@ -133,7 +133,9 @@ def build_app(loop: EngineLoop, drain: Drain | None = None, api_key: str | None 
     app.on_response_prepare.append(echo_request_id)
     app[LOOP_KEY] = loop
     app[DRAIN_KEY] = drain or Drain()
-    app[METRICS_KEY] = WorkerMetrics(loop, loop.engine.config.model.name)
+    app[METRICS_KEY] = WorkerMetrics(
+        loop, loop.engine.config.model.name, loop.engine.config.server.ttft_slo_s
+    )
 
     async def start(app: web.Application) -> None:
         loop.start(asyncio.get_running_loop())

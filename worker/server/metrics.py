@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -58,14 +58,25 @@ class EngineCollector(Collector):
                 stats.recomputed_tokens,
             ),
             "preemptions": ("Running requests preempted (KV freed, recomputed later).", stats.preemptions),
+            "hbm_evictions": ("Cached KV blocks evicted from HBM to make room.", stats.hbm_evictions),
+            "engine_busy_seconds": ("Wall time of engine steps that had work.", stats.busy_seconds),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(P + name, doc, value)
+        waits = CounterMetricFamily(
+            P + "tier_wait_seconds",
+            "Step time spent waiting on the KV-tier sidecar, by call (part of engine_busy_seconds).",
+            labels=["op"],
+        )
+        for op, seconds in stats.tier_wait_seconds.items():
+            waits.add_metric([op], seconds)
+        yield waits
 
 
 class WorkerMetrics:
-    def __init__(self, loop: EngineLoop, model_name: str) -> None:
+    def __init__(self, loop: EngineLoop, model_name: str, ttft_slo_s: float | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.ttft_slo_s = ttft_slo_s
         self.ttft = Histogram(
             P + "time_to_first_token_seconds",
             "Time from request to first token.",
@@ -87,12 +98,25 @@ class WorkerMetrics:
         self.rejected = Counter(
             P + "rejected_requests", "Requests refused, by reason.", ["reason"], registry=self.registry
         )
+        # SLO attainment is within_slo / time_to_first_token_seconds_count; an exact count,
+        # since the tier's target need not be one of the histogram's bucket bounds.
+        self.within_slo = Counter(
+            P + "ttft_within_slo",
+            "Requests whose first token came within the service tier's TTFT target.",
+            registry=self.registry,
+        )
+        if ttft_slo_s is not None:
+            Gauge(
+                P + "ttft_slo_seconds", "The service tier's TTFT target (s).", registry=self.registry
+            ).set(ttft_slo_s)
         self.registry.register(EngineCollector(loop))
         self.vllm = VllmMetrics(self.registry, loop, model_name, LATENCY_BUCKETS, TOKEN_BUCKETS)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
         self.vllm.ttft.observe(seconds)
+        if self.ttft_slo_s is not None and seconds <= self.ttft_slo_s:
+            self.within_slo.inc()
 
     def next_token(self, seconds: float) -> None:
         self.itl.observe(seconds)
@@ -104,6 +128,7 @@ class WorkerMetrics:
             self.e2e.observe(e2e_s)
             self.vllm.e2e.observe(e2e_s)
         self.vllm.success.labels(self.vllm.model_name, reason).inc()
+
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,6 +1,15 @@
+{{- define "strata.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-scoped name of every object; suffixes are added to a 50-character stem at most. */}}
 {{- define "strata.fullname" -}}
-{{- if contains .Chart.Name .Release.Name }}{{ .Release.Name | trunc 63 | trimSuffix "-" }}
-{{- else }}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}{{ end }}
+{{- if .Values.fullnameOverride }}{{ .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}{{ .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}{{ printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}{{ end }}
+{{- end }}
 {{- end }}
 
 {{- define "strata.labels" -}}
@@ -19,4 +28,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "strata.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}{{ default (include "strata.fullname" .) .Values.serviceAccount.name }}
 {{- else }}{{ default "default" .Values.serviceAccount.name }}{{ end }}
+{{- end }}
+
+{{/* One ClusterKopfPeering per release, so two releases never pause each other. */}}
+{{- define "strata.peeringName" -}}
+{{- default (include "strata.fullname" .) .Values.operator.peering.name }}
+{{- end }}
+
+{{- define "strata.peered" -}}
+{{- if and .Values.operator.peering.enabled (gt (int .Values.operator.replicas) 1) }}true{{ end }}
+{{- end }}
+
+{{- define "strata.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
