@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 POLL_S = 2.0
+PROBE_TIMEOUT_S = 5.0
 
 
 def probe(url: str, timeout_s: float) -> str | None:
@@ -30,7 +31,7 @@ def wait_ready(url: str, timeout_s: float) -> str | None:
     """Poll until ready or ``timeout_s`` passed; None when ready, else the last reason."""
     deadline = time.monotonic() + timeout_s
     while True:
-        reason = probe(url, min(5.0, timeout_s))
+        reason = probe(url, PROBE_TIMEOUT_S)
         if reason is None or time.monotonic() >= deadline:
             return reason
         time.sleep(POLL_S)

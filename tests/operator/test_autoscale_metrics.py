@@ -74,7 +74,7 @@ def test_bad_expositions_are_refused_with_the_reason(text, fragment):
 def test_engine_counters_and_the_slo_counter_come_from_the_worker() -> None:
     stats = EngineStats(prompt_tokens=10, preemptions=2, hbm_evictions=7, busy_seconds=4.5)
     stats.tier_wait_seconds.update({"load": 1.0, "save": 0.5})
-    engine = SimpleNamespace(blocks=SimpleNamespace(usage=0.1), stats=stats)
+    engine = SimpleNamespace(blocks=SimpleNamespace(usage=0.1, num_cached_blocks=0), stats=stats)
     metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=0, num_running=0), ttft_slo_s=0.3)  # type: ignore[arg-type]
     for seconds in (0.1, 0.3, 0.31, 2.0):
         metrics.observe_ttft(seconds)

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from strata.operator.autoscale.cost import GIB, Footprint, Usage, footprint, merge_usage, usage
+from strata.stack.manifests import inference_service
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,19 +20,10 @@ def tier(name: str) -> dict[str, Any]:
 
 
 def service(replicas: int, **cache: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "strata.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "chat", "namespace": "team-a", "uid": "u1"},
-        "spec": {
-            "tier": "premium",
-            "model": {"name": "tiny", "source": {"builtin": "tiny"}},
-            "resources": {"gpus": 2},
-            "maxReplicas": 4,
-            "cache": cache,
-        },
-        "status": {"replicas": replicas},
-    }
+    body = inference_service("chat", "premium", resources={"gpus": 2}, maxReplicas=4, cache=cache)
+    body["metadata"].update(namespace="team-a", uid="u1")
+    body["status"] = {"replicas": replicas}
+    return body
 
 
 def test_gpu_seconds_and_cache_gib_hours_over_an_interval() -> None:

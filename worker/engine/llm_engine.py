@@ -94,7 +94,9 @@ class LLMEngine:
         self.stats = EngineStats()
         self.root_hash = root_hash(config.cache_namespace, config.model.name, cfg.block_size)
         write_through = config.kvtier.write_mode == "write-through"
-        self.tiers = TierBridge(connector, self.blocks, self.runner, write_through=write_through, stats=self.stats)
+        self.tiers = TierBridge(
+            connector, self.blocks, self.runner, write_through=write_through, stats=self.stats
+        )
         self.prefix = PrefixCache(self.blocks, self.tiers, self.root_hash, self.stats)
         limits = SchedulerLimits(
             cfg.max_num_seqs, cfg.max_batched_tokens, cfg.max_queue_len, cfg.queue_timeout_s

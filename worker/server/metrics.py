@@ -106,9 +106,9 @@ class WorkerMetrics:
             registry=self.registry,
         )
         if ttft_slo_s is not None:
-            Gauge(
-                P + "ttft_slo_seconds", "The service tier's TTFT target (s).", registry=self.registry
-            ).set(ttft_slo_s)
+            Gauge(P + "ttft_slo_seconds", "The service tier's TTFT target (s).", registry=self.registry).set(
+                ttft_slo_s
+            )
         self.registry.register(EngineCollector(loop))
         self.vllm = VllmMetrics(self.registry, loop, model_name, LATENCY_BUCKETS, TOKEN_BUCKETS)
 
