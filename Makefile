@@ -21,10 +21,11 @@ $(VENV)/.installed: pyproject.toml
 cluster-bins:
 	tools/clusterbins/build.sh $(abspath $(BIN))
 
-# prometheus and promtool (Debian's package, pinned): the rules' unit tests and the test
-# Prometheus. A no-op when installed; about 25 s cold (tools/prometheus/install.sh).
+# prometheus and promtool (Prometheus 3.10.0 from the Go module proxy, pinned by
+# tools/prometheus/go.mod) into bin/: the rules' unit tests and the test Prometheus. A no-op when
+# bin/.prometheus-stamp is current.
 prometheus:
-	tools/prometheus/install.sh
+	tools/prometheus/install.sh $(abspath $(BIN))
 
 lint: venv
 	$(VENV)/bin/ruff check strata operator worker router tests bench

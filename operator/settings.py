@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from strata.operator.api.models import DNS_SUBDOMAIN
+from strata.operator.api.base import DNS_SUBDOMAIN
 
 NvmeVolumeMode = Literal["ephemeral", "hostPath"]
 NVME_VOLUME_MODES: tuple[NvmeVolumeMode, ...] = ("ephemeral", "hostPath")

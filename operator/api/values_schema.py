@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.operator.api.models import DNS_1035_LABEL, DNS_LABEL, DNS_SUBDOMAIN, ServiceTierSpec
+from strata.operator.api.base import DNS_1035_LABEL, DNS_LABEL, DNS_SUBDOMAIN
+from strata.operator.api.models import ServiceTierSpec
 from strata.operator.api.schema import structural_schema
 
 JsonDict = dict[str, Any]

@@ -275,7 +275,7 @@ class Autoscaler:
         )
 
     async def _scale(
-        self, isvc: Mapping[str, Any], uid: str, agg: Aggregate, now: float, tier: Obj | None
+        self, isvc: Mapping[str, Any], uid: str, agg: Aggregate, now: float, tier: Mapping[str, Any] | None
     ) -> None:
         spec = isvc.get("spec", {})
         if tier is None:

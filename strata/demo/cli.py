@@ -11,7 +11,7 @@ from pathlib import Path
 from strata import stack
 from strata.cluster import binaries
 from strata.cluster import cli as cluster_cli
-from strata.demo import dataplane, platform
+from strata.demo import dataplane, observe, platform
 from strata.demo.detached import Detached
 from strata.worker.config import WorkerConfig
 
@@ -32,7 +32,7 @@ def up(directory: Path) -> int:
     sa_kubeconfig = stack.install_chart(cluster)
     step("3/6 the operator, as the chart's ServiceAccount (least-privilege RBAC)")
     worker_port = stack.free_port()
-    platform.start_operator(detached, sa_kubeconfig, f"127.0.0.1:{worker_port}")
+    operator_port = platform.start_operator(detached, sa_kubeconfig, f"127.0.0.1:{worker_port}")
     step(f"4/6 a tenant applies an InferenceService ({platform.TENANT}/{platform.SERVICE}, tier premium)")
     platform.apply_service(cluster)
     platform.wait_ready(cluster)
@@ -47,6 +47,10 @@ def up(directory: Path) -> int:
     print(f"worker.yaml: {config_path} (cache namespace {config.cache_namespace!r})")
     dataplane.start_sidecar(detached, config_path)
     api = dataplane.start_worker(detached, config_path, config)
+    service = (platform.TENANT, platform.SERVICE, "premium")
+    ports = (worker_port, config.kvtier.metrics_port)
+    prometheus = observe.start_prometheus(detached, cluster, directory, operator_port, service, ports)
+    print(f"Prometheus {prometheus} (the chart's monitors, the rules; HTTP API: {prometheus}/api/v1/query)")
     step(f"6/6 one {PROMPT_TOKENS}-token prompt through the memory hierarchy")
     rows, api = _walk_the_hierarchy(detached, config_path, config, api)
     _print_table(rows)
@@ -60,7 +64,7 @@ def up(directory: Path) -> int:
     print("\nafter a few seconds of repeated requests, the signals the operator scraped into its status:")
     print(platform.signals(cluster))
     print(cluster.kubectl("get", "inferenceservice", platform.SERVICE, "-n", platform.TENANT).stdout)
-    print(_usage(directory, cluster.kubeconfig, api, time.monotonic() - started))
+    print(_usage(directory, cluster.kubeconfig, api, prometheus, time.monotonic() - started))
     return 0
 
 
@@ -107,15 +111,19 @@ def _print_table(rows: list[tuple[str, float, dict[str, float]]]) -> None:
         print(f"{label:<46}{ttft:>9.3f}{cold / ttft:>8.1f}x   {served}")
 
 
-def _usage(directory: Path, kubeconfig: Path, api: str, elapsed_s: float) -> str:
+def _usage(directory: Path, kubeconfig: Path, api: str, prometheus: str, elapsed_s: float) -> str:
     return f"""
-Strata is up ({elapsed_s:.0f} s). Still running: the control plane, the operator, the worker, the sidecar.
+Strata is up ({elapsed_s:.0f} s). Still running: the control plane, the operator, the worker, the sidecar,
+Prometheus.
   export KUBECONFIG={kubeconfig}
   kubectl get inferenceservices -A          # or: kubectl get strata -A
   kubectl describe inferenceservice {platform.SERVICE} -n {platform.TENANT}
   curl -s {api}/v1/completions -H 'content-type: application/json' \\
        -d '{{"model": "demo-small", "prompt": "Hello", "max_tokens": 16}}'
   curl -s {api}/metrics | grep strata_worker_prefix
+Prometheus at {prometheus} (HTTP API; a Go module build has no web UI), with Strata's rules:
+  curl -s '{prometheus}/api/v1/query?query=strata:kv_cache_usage:avg'
+  curl -s '{prometheus}/api/v1/query?query=strata_service_bottleneck==1'
 logs: {directory / "logs"} and {directory / "cluster" / "logs"}
 stop everything: strata demo down
 """

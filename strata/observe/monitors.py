@@ -201,3 +201,17 @@ def scrape_configs(
         elif manifest.get("kind") == "ServiceMonitor":
             jobs += service_monitor_jobs(manifest, services, discovery, interval)
     return jobs
+
+
+def static_job(name: str, address: str, labels: Mapping[str, str], interval: str | None = None) -> JsonDict:
+    """A process that runs on this machine rather than in a pod (the demo's operator and
+    worker): the same target labels as a pod would get, and the same loopback-only rule."""
+    job: JsonDict = {
+        "job_name": name,
+        "honor_labels": True,
+        "static_configs": [{"targets": [address], "labels": dict(labels)}],
+        "relabel_configs": [LOOPBACK_ONLY],
+    }
+    if interval:
+        job["scrape_interval"] = interval
+    return job

@@ -5,19 +5,20 @@
 (``monitors.scrape_configs``: kubernetes_sd against the test control plane, loopback targets
 only), loads the generated rules file, and runs ``prometheus`` on a free 127.0.0.1 port as the
 ServiceAccount ``strata-system/prometheus`` (read-only on pods and services). The binaries come
-from ``make prometheus`` (tools/prometheus/install.sh)."""
+from ``make prometheus`` (tools/prometheus/install.sh: Prometheus 3.10.0 from the Go module
+proxy, with kubernetes_sd)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,13 @@ class PrometheusError(RuntimeError):
 
 
 def find_binary(name: str) -> Path:
-    """``$STRATA_PROMETHEUS_DIR/<name>``, else ``<name>`` on the PATH."""
-    directory = os.environ.get("STRATA_PROMETHEUS_DIR")
-    found = str(Path(directory) / name) if directory else shutil.which(name)
-    if not found or not Path(found).is_file():
-        raise PrometheusError(f"{name} not found: run `make prometheus` (tools/prometheus/install.sh)")
-    return Path(found)
+    """``$STRATA_PROMETHEUS_DIR/<name>``, else ``bin/<name>`` (``make prometheus``). Not the PATH:
+    a distribution's Prometheus may lack kubernetes_sd (Debian's does)."""
+    directory = Path(os.environ.get("STRATA_PROMETHEUS_DIR") or REPO_ROOT / "bin")
+    found = directory / name
+    if not found.is_file():
+        raise PrometheusError(f"{found} not found: run `make prometheus` (tools/prometheus/install.sh)")
+    return found
 
 
 def chart_monitors(cluster: Cluster, release: str = "strata", namespace: str = NAMESPACE) -> list[JsonDict]:
@@ -154,12 +156,16 @@ def _discovery(cluster: Cluster, directory: Path) -> Discovery:
     return Discovery(cluster.api_url, str(cluster.ca_cert), str(token_file))
 
 
-def start_prometheus(
-    directory: Path, cluster: Cluster, interval: str = "5s", port: int | None = None
-) -> Prometheus:
-    """Prometheus on 127.0.0.1, scraping what the chart's monitors select; stop() it."""
+def prepare(
+    directory: Path,
+    cluster: Cluster,
+    interval: str = "5s",
+    port: int | None = None,
+    extra_jobs: Sequence[JsonDict] = (),
+) -> tuple[list[str], str]:
+    """Write the configuration; the command line that runs Prometheus on it, and its URL."""
     directory.mkdir(parents=True, exist_ok=True)
-    jobs = scrape_configs(chart_monitors(cluster), _discovery(cluster, directory), interval)
+    jobs = [*scrape_configs(chart_monitors(cluster), _discovery(cluster, directory), interval), *extra_jobs]
     config_file = directory / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config(jobs, REPO_ROOT / RULES_FILE, interval), sort_keys=False))
     address = f"127.0.0.1:{port or free_port()}"
@@ -170,25 +176,37 @@ def start_prometheus(
         f"--web.listen-address={address}",
         "--storage.tsdb.retention.time=1d",
     ]
+    return argv, f"http://{address}"
+
+
+def start_prometheus(
+    directory: Path, cluster: Cluster, interval: str = "5s", port: int | None = None
+) -> Prometheus:
+    """Prometheus on 127.0.0.1, scraping what the chart's monitors select; stop() it."""
+    argv, url = prepare(directory, cluster, interval, port)
     with (directory / "prometheus.log").open("ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Prometheus(f"http://{address}", directory, proc)
-    _wait_ready(server)
+    server = Prometheus(url, directory, proc)
+    try:
+        wait_ready(url, START_TIMEOUT_S, proc)
+    except PrometheusError as exc:
+        server.stop()
+        log_tail = (directory / "prometheus.log").read_text()[-3000:]
+        raise PrometheusError(f"{exc}:\n{log_tail}") from None
     return server
 
 
-def _wait_ready(server: Prometheus) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Until ``url``/-/ready answers; PrometheusError (with the log) if it exits or times out."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            log = (server.directory / "prometheus.log").read_text()[-3000:]
-            raise PrometheusError(f"prometheus exited with {server.proc.returncode}:\n{log}")
+        if proc is not None and proc.poll() is not None:
+            raise PrometheusError(f"prometheus exited with {proc.returncode} (see its log)")
         try:
-            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as resp:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             pass
         time.sleep(0.3)
-    server.stop()
-    raise PrometheusError(f"prometheus not ready after {START_TIMEOUT_S:.0f} s (log in {server.directory})")
+    raise PrometheusError(f"prometheus at {url} not ready after {timeout_s:.0f} s")

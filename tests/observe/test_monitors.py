@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from strata.observe.monitors import LOOPBACK_TARGET, Discovery, MonitorError, relabeling, scrape_configs
+from strata.observe.monitors import (
+    LOOPBACK_TARGET,
+    Discovery,
+    MonitorError,
+    relabeling,
+    scrape_configs,
+    static_job,
+)
 
 DISCOVERY = Discovery("https://127.0.0.1:6443", "/ca.crt", "/token")
 
@@ -110,3 +117,13 @@ def test_unsupported_relabel_fields_are_refused_by_name() -> None:
     with pytest.raises(MonitorError, match="unsupported field"):
         relabeling({"sourceLabels": ["a"], "fancy": True})
     assert relabeling({"sourceLabels": ["a"], "action": "Keep", "regex": "x"})["action"] == "keep"
+
+
+def test_static_jobs_for_local_processes_keep_the_loopback_rule() -> None:
+    job = static_job("demo/worker", "127.0.0.1:8000", {"namespace": "tenant-a", "service": "chat"})
+    assert job["static_configs"] == [
+        {"targets": ["127.0.0.1:8000"], "labels": {"namespace": "tenant-a", "service": "chat"}}
+    ]
+    assert job["relabel_configs"] == [
+        {"source_labels": ["__address__"], "regex": LOOPBACK_TARGET, "action": "keep"}
+    ]

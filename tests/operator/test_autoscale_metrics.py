@@ -75,9 +75,9 @@ def test_engine_counters_and_the_slo_counter_come_from_the_worker() -> None:
     stats = EngineStats(prompt_tokens=10, preemptions=2, hbm_evictions=7, busy_seconds=4.5)
     stats.tier_wait_seconds.update({"load": 1.0, "save": 0.5})
     engine = SimpleNamespace(blocks=SimpleNamespace(usage=0.1, num_cached_blocks=0), stats=stats)
-    metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=0, num_running=0), ttft_slo_s=0.3)  # type: ignore[arg-type]
+    metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=0, num_running=0), "m", 0.3)  # type: ignore[arg-type]
     for seconds in (0.1, 0.3, 0.31, 2.0):
-        metrics.observe_ttft(seconds)
+        metrics.first_token(seconds)
     text = metrics.render().decode()
     assert "strata_worker_ttft_within_slo_total 2.0" in text  # 0.1 and 0.3: within, inclusive
     assert "strata_worker_ttft_slo_seconds 0.3" in text

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
 from strata.operator.cli import main
 
 
@@ -30,13 +32,13 @@ def serving(status: int) -> Iterator[str]:
         server.server_close()
 
 
-def test_a_live_operator_passes(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_live_operator_passes(capsys: pytest.CaptureFixture[str]) -> None:
     with serving(200) as url:
         assert main(["ready", "--url", url, "--timeout", "5"]) == 0
     assert "answered 200" in capsys.readouterr().out
 
 
-def test_an_unhealthy_or_absent_operator_fails_with_the_reason(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_an_unhealthy_or_absent_operator_fails_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     with serving(503) as url:
         assert main(["ready", "--url", url, "--timeout", "0"]) == 1
     assert "HTTP 503" in capsys.readouterr().err

@@ -129,6 +129,5 @@ class WorkerMetrics:
             self.vllm.e2e.observe(e2e_s)
         self.vllm.success.labels(self.vllm.model_name, reason).inc()
 
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
