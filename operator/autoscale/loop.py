@@ -44,8 +44,9 @@ FIELD_MANAGER = "strata-autoscaler"
 SCRAPE_TIMEOUT_S = 3.0
 SCRAPE_CONCURRENCY = 32
 API_ERRORS = (KubeError, aiohttp.ClientError, TimeoutError)
-# How often the cost accrued in memory is added to each ServiceTier's status.usage.
-USAGE_WRITE_INTERVAL_S = 60.0
+# How often the cost accrued in memory is added to each ServiceTier's status.usage: one write per
+# tier per 10 minutes, so a fleet at rest costs the API server next to nothing.
+USAGE_WRITE_INTERVAL_S = 600.0
 ServiceKey = tuple[str, str]
 
 
