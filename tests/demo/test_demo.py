@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,18 @@ def strata(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "strata", *args], capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def scraped(prometheus: str, job: str, timeout_s: float = 60.0) -> bool:
+    """Whether Prometheus reports the job's target up (a scrape succeeded) within the timeout."""
+    query = urllib.parse.urlencode({"query": f'up{{job="{job}"}} == 1'})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{prometheus}/api/v1/query?{query}", timeout=10) as resp:
+            if json.load(resp)["data"]["result"]:
+                return True
+        time.sleep(1)
+    return False
 
 
 def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
@@ -39,7 +55,11 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
         # The operator's autoscaler scraped the real worker into the service's status.
         assert re.search(r"ttftP95Ms: \d", up.stdout) and re.search(r"hbm: 0\.9\d*", up.stdout), up.stdout
         pids = Detached(directory)._read()
-        assert set(pids) == {"operator", "kvtier", "worker"}
+        assert set(pids) == {"operator", "kvtier", "worker", "prometheus"}
+        # Its Prometheus (the chart's monitors plus the local processes) scrapes the worker.
+        prometheus = re.search(r"Prometheus at (http://127\.0\.0\.1:\d+)", up.stdout)
+        assert prometheus, up.stdout
+        assert scraped(prometheus.group(1), "demo/worker"), "Prometheus never scraped the demo's worker"
     finally:
         down = strata("demo", "down", "--dir", str(directory), timeout=120)
     assert down.returncode == 0, down.stderr
