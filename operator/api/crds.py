@@ -159,6 +159,11 @@ def service_tier_crd() -> JsonDict:
         _column("DRAM-Max", "string", ".spec.cache.dram.maxSize", "Largest DRAM tier per replica."),
         _column("NVMe-Max", "string", ".spec.cache.nvme.maxSize", "Largest NVMe tier per replica."),
         _column("Services", "integer", ".status.services", "InferenceServices using the tier."),
+        # -o wide: what the tier's services held, cumulated (docs/operator.md, cost per tenant and tier).
+        _column(
+            "GPU-Seconds", "number", ".status.usage.gpuSeconds", "GPU-seconds held, cumulated.", priority=1
+        ),
+        _column("Usage-Since", "date", ".status.usage.since", "When usage accounting started.", priority=1),
         _column("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
     ]
     version = {
