@@ -33,7 +33,7 @@ from typing import Any
 
 from bench import fleet
 from bench.watch import FirstSeen, ResumableWatch, WatchTimeout, ready
-from strata.cluster import Cluster, ClusterConfig, GpuNodeShape, find_bin_dir, launch
+from strata.cluster import Cluster, ClusterConfig, GpuNodeShape, KubectlError, find_bin_dir, launch
 from strata.stack import OperatorProcess, install_chart
 
 ISVC_PATH = "/apis/strata.dev/v1alpha1/inferenceservices"
@@ -198,6 +198,8 @@ def measure(f: Fleet, result: dict[str, Any]) -> None:
         result["active"] = active
     except WatchTimeout as exc:
         result["timed_out"] = str(exc)
+    except KubectlError as exc:  # the API server stopped answering: say so, keep what was measured
+        result["timed_out"] = f"the API server did not answer: {exc}"
     finally:
         for watch in f.watches:
             watch.stop()

@@ -25,6 +25,7 @@ Key = tuple[str, str]
 WATCH_TIMEOUT_S = 300  # the server ends each stream after this; the watch resumes it
 LIST_CHUNK = 500
 RETRY_S = 1.0
+LIST_ATTEMPTS = 3
 
 
 class WatchTimeout(TimeoutError):
@@ -160,11 +161,22 @@ class FirstSeen:
             else:
                 return {k: self.seen[k] for k in keys}
             watched = len(keys & self.seen.keys())
-        done = recount(keys)
         raise WatchTimeout(
-            f"timed out after {timeout_s:.0f}s: {done}/{len(keys)} {what} by a list now "
+            f"timed out after {timeout_s:.0f}s: {_recounted(recount, keys, what)} "
             f"({watched} seen by the watch)"
         )
+
+
+def _recounted(recount: Callable[[set[Key]], int], keys: set[Key], what: str) -> str:
+    """How many ``recount`` finds done, or why it could not say: the API server that made the
+    wait run out may not answer a list either, and the benchmark must still report."""
+    for attempt in range(LIST_ATTEMPTS):
+        try:
+            return f"{recount(keys)}/{len(keys)} {what} by a list now"
+        except (subprocess.SubprocessError, OSError, ValueError) as exc:
+            error = exc
+            time.sleep(RETRY_S * 2**attempt)
+    return f"unknown how many of {len(keys)} {what}: {LIST_ATTEMPTS} lists failed, the last with {error}"
 
 
 def _name_key(obj: Obj) -> Key:

@@ -1,10 +1,12 @@
-"""When to give up on an API call and when to try again: pure timing rules, no I/O.
+"""When to give up on an API call, when to try again, and how many to send at once: pure rules.
 
 A busy API server answers slowly, not never. Request timeouts therefore follow the latency the
 server shows now (a multiple of the recent 95th percentile, between a floor and a ceiling), and
 a call that times out, loses its connection or is told 429/5xx is retried after an exponential
 back-off with jitter: many callers that failed together spread out instead of retrying in
-lockstep (a retry storm). Only when the retries are spent does the caller see the failure."""
+lockstep (a retry storm). Only when the retries are spent does the caller see the failure. And
+an overloaded server is sent fewer requests at once (:class:`AdaptiveLimit`): work it would
+time out on is work it does for nothing."""
 
 from __future__ import annotations
 
@@ -58,6 +60,33 @@ class LatencyTimeout:
         """A retried request waits twice as long as its previous attempt: a call that is merely
         slow gets through even before the percentile has caught up."""
         return max(self.floor_s, min(self.ceiling_s, self.current() * 2.0**attempt))
+
+
+@dataclass
+class AdaptiveLimit:
+    """Requests allowed in flight: halved when the server shows overload (a timeout, 429, 5xx;
+    at most once per ``cooldown_s``, since one overload fails many requests at once), grown back
+    by one for every ``limit`` answers, up to ``ceiling`` (additive increase, multiplicative
+    decrease, as TCP does)."""
+
+    ceiling: int
+    cooldown_s: float = 1.0
+    value: float = 0.0
+    last_cut: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        self.value = float(self.ceiling)
+
+    @property
+    def limit(self) -> int:
+        return max(1, int(self.value))
+
+    def overloaded(self, now: float) -> None:
+        if now - self.last_cut >= self.cooldown_s:
+            self.value, self.last_cut = max(1.0, self.value / 2), now
+
+    def answered(self) -> None:
+        self.value = min(float(self.ceiling), self.value + 1 / self.value)
 
 
 def retry_reason(status: int) -> str | None:

@@ -13,10 +13,11 @@ retry never does anything twice. An :class:`ApiObserver` sees every request and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -26,7 +27,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from strata.operator import names
-from strata.operator.backoff import Backoff, LatencyTimeout, retry_after_s, retry_reason
+from strata.operator.backoff import AdaptiveLimit, Backoff, LatencyTimeout, retry_after_s, retry_reason
 
 Obj = dict[str, Any]
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML, so the body is plain JSON
@@ -128,7 +129,9 @@ class KubeClient:
         self.policy = policy or ClientPolicy()
         self.observer: ApiObserver = _Unobserved()
         self.timeout = LatencyTimeout(self.policy.timeout_floor_s, self.policy.timeout_ceiling_s)
-        self._slots = asyncio.Semaphore(self.policy.max_in_flight)
+        self.flow = AdaptiveLimit(self.policy.max_in_flight)
+        self._in_flight = 0
+        self._room = asyncio.Condition()
 
     @classmethod
     def from_environment(
@@ -209,24 +212,45 @@ class KubeClient:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _attempt(self, call: _Call, attempt: int) -> tuple[int, Obj]:
-        if self._slots.locked():
-            self.observer.throttled()
-        async with self._slots:
+        async with self._slot():
             started = time.monotonic()
-            status, text, retry_after = await self._send(call, self.timeout.for_attempt(attempt))
+            try:
+                status, text, retry_after = await self._send(call, self.timeout.for_attempt(attempt))
+            except _Retry:
+                self.flow.overloaded(time.monotonic())
+                raise
             elapsed = time.monotonic() - started
         verb, resource = describe(call.method, call.path)
         self.observer.request(verb, resource, str(status), elapsed)
         if status < 500:
             self.timeout.observe(elapsed)
+        reason = retry_reason(status)
+        if reason is None:
+            self.flow.answered()
+        else:
+            self.flow.overloaded(time.monotonic())
         if status >= 400:
             error = _error(status, text)
-            reason = retry_reason(status)
             if reason is not None:
                 raise _Retry(reason, error, retry_after_s(retry_after, self.policy.retries.max_s))
             raise error
         parsed: Obj = json.loads(text) if text else {}
         return status, parsed
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of the requests allowed in flight now (strata.operator.backoff.AdaptiveLimit)."""
+        async with self._room:
+            if self._in_flight >= self.flow.limit:
+                self.observer.throttled()
+            await self._room.wait_for(lambda: self._in_flight < self.flow.limit)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            async with self._room:
+                self._in_flight -= 1
+                self._room.notify(max(0, self.flow.limit - self._in_flight))
 
     async def _send(self, call: _Call, limit: float) -> tuple[int, str, str | None]:
         session = await self._http()

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from kubernetes import client as k8s_client
 
-from strata.operator.backoff import Backoff, LatencyTimeout, retry_after_s
+from strata.operator.backoff import AdaptiveLimit, Backoff, LatencyTimeout, retry_after_s
 from strata.operator.kube import ClientPolicy, KubeClient, KubeError, describe
 from strata.operator.metrics import OperatorMetrics
 
@@ -75,6 +75,7 @@ async def test_429_and_503_are_retried_until_an_answer(serve: Serve) -> None:
     assert (await kube.request("GET", PATH))["metadata"]["name"] == "team-a"
     assert sample(metrics, "strata_operator_api_retries_total", reason="throttled") == 1
     assert sample(metrics, "strata_operator_api_retries_total", reason="server") == 1
+    assert kube.flow.limit < kube.policy.max_in_flight  # an overloaded server gets fewer at once
     assert (
         sample(metrics, "strata_operator_api_requests_total", verb="get", resource="namespaces", code="200")
         == 1
@@ -151,3 +152,21 @@ def test_retry_after_is_read_in_seconds_and_capped() -> None:
 )  # fmt: skip
 def test_requests_are_named_as_the_api_server_names_them(method: str, path: str, expected) -> None:
     assert describe(method, path) == expected
+
+
+def test_in_flight_limit_halves_on_overload_once_per_cooldown_and_grows_back_by_one() -> None:
+    flow = AdaptiveLimit(ceiling=32, cooldown_s=1.0)
+    flow.overloaded(now=10.0)
+    flow.overloaded(now=10.5)  # the same overload failing many requests: one cut
+    assert flow.limit == 16
+    flow.overloaded(now=11.0)
+    assert flow.limit == 8
+    for _ in range(9):
+        flow.answered()
+    assert flow.limit == 9  # one more after about as many answers as the limit
+    for _ in range(10_000):
+        flow.answered()
+    assert flow.limit == 32
+    for i in range(20):
+        flow.overloaded(now=100.0 + 2 * i)
+    assert flow.limit == 1
