@@ -605,6 +605,12 @@ class TierAutoscalingPolicy(ApiModel):
     target_kv_cache_usage: float = Field(
         0.75, gt=0, le=1, description="Scale out when mean KV-cache usage exceeds this share (0..1]."
     )
+    target_prefill_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Scale out when the mean share of time replicas spend computing prompts exceeds it (0..1].",
+    )
     tolerance: float = Field(
         0.1, ge=0, lt=1, description="Relative deviation from a target ignored, to avoid flapping (0..1)."
     )

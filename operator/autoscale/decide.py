@@ -1,11 +1,21 @@
 """The built-in autoscaler's decision: a pure function, in the spirit of the Kubernetes HPA.
 
-ratio = max(kvCacheUsage / target, TTFT p95 / target); inside the tolerance nothing changes;
-otherwise the recommendation is ceil(current * ratio). Recommendations are stabilised like the
-HPA's behaviour: scale up only to the lowest recommendation of the scale-up window and down only
-to the highest of the scale-down window. Then the step limits and the replica bounds apply.
-Zero is reached only by idleness, never by the ratio: with the tier's permission and the
-service's minReplicas 0, after no traffic for the tier's idle window."""
+ratio = max(kvCacheUsage / target, prefillUtilization / target, TTFT p95 / target); inside the
+tolerance nothing changes; otherwise the recommendation is ceil(current * ratio).
+
+- prefillUtilization (the share of time replicas spend computing prompt tokens) is the load
+  signal: it falls as 1 / replicas, so the ratio sizes the service as an HPA sizes on CPU. It is
+  averaged over the last UTILIZATION_WINDOW_S: one long prompt makes a single interval spiky.
+- TTFT p95 counts only while requests wait for a replica (requestsWaiting > 0) or when that is
+  unknown: without a queue, a TTFT over target comes from prompts too long to prefill within it,
+  which more replicas would not shorten (the strata sim runs on the Mooncake traces showed the
+  service pinned at maxReplicas otherwise; docs/autoscaling.md).
+
+Recommendations are stabilised like the HPA's behaviour: scale up only to the lowest
+recommendation of the scale-up window and down only to the highest of the scale-down window.
+Then the step limits and the replica bounds apply. Zero is reached only by idleness, never by
+the ratio: with the tier's permission and the service's minReplicas 0, after no traffic for the
+tier's idle window."""
 
 from __future__ import annotations
 
@@ -15,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.operator.api import ServiceTierSpec
+from strata.operator.autoscale.signals import Aggregate
+
+UTILIZATION_WINDOW_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -22,6 +35,7 @@ class Policy:
     """The tier's autoscaling policy and TTFT target, and the service's replica bounds."""
 
     target_kv_cache_usage: float = 0.75
+    target_prefill_utilization: float = 0.5
     target_ttft_ms: float = 1000.0
     tolerance: float = 0.1
     scale_up_window_s: float = 0.0
@@ -33,6 +47,11 @@ class Policy:
     scale_to_zero: bool = False
     scale_to_zero_idle_s: float = 600.0
 
+    @property
+    def keep_s(self) -> float:
+        """How long the history must keep recommendations: the longer stabilisation window."""
+        return max(self.scale_up_window_s, self.scale_down_window_s)
+
     @classmethod
     def of(cls, tier_spec: Mapping[str, Any] | None, service_spec: Mapping[str, Any]) -> Policy:
         """From a ServiceTier's spec (None: the defaults) and an InferenceService's spec, both as
@@ -41,6 +60,7 @@ class Policy:
         auto = tier.autoscaling
         return cls(
             target_kv_cache_usage=auto.target_kv_cache_usage,
+            target_prefill_utilization=auto.target_prefill_utilization,
             target_ttft_ms=float(tier.slo.ttft_p95_ms),
             tolerance=auto.tolerance,
             scale_up_window_s=float(auto.scale_up_stabilization_seconds),
@@ -61,6 +81,18 @@ class Observation:
     kv_cache_usage: float | None
     ttft_p95_ms: float | None
     had_traffic: bool
+    prefill_utilization: float | None = None
+    requests_waiting: int | None = None  # None: unknown (TTFT then counts as before)
+
+    @classmethod
+    def of(cls, agg: Aggregate) -> Observation:
+        return cls(
+            kv_cache_usage=agg.kv_cache_usage,
+            ttft_p95_ms=agg.ttft_p95_s * 1000 if agg.ttft_p95_s is not None else None,
+            had_traffic=agg.had_traffic,
+            prefill_utilization=agg.prefill_utilization,
+            requests_waiting=agg.requests_waiting,
+        )
 
 
 @dataclass
@@ -70,12 +102,23 @@ class History:
     started: float  # when this history began: idleness before it is unknown
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     last_traffic: float | None = None
+    utilization: list[tuple[float, float]] = field(default_factory=list)  # prefill utilization seen
 
-    def record(self, now: float, recommendation: int, had_traffic: bool, keep_s: float) -> None:
+    def record(
+        self,
+        now: float,
+        recommendation: int,
+        had_traffic: bool,
+        keep_s: float,
+        utilization: float | None = None,
+    ) -> None:
         self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= keep_s]
         self.recommendations.append((now, recommendation))
         if had_traffic:
             self.last_traffic = now
+        self.utilization = [(t, u) for t, u in self.utilization if now - t < UTILIZATION_WINDOW_S]
+        if utilization is not None:
+            self.utilization.append((now, utilization))
 
 
 @dataclass(frozen=True)
@@ -93,7 +136,7 @@ def decide(current: int, seen: Observation, policy: Policy, history: History, no
         idle_s = now - (history.last_traffic if history.last_traffic is not None else history.started)
         reason = f"no traffic for {idle_s:.0f} s >= scaleToZeroIdleSeconds {policy.scale_to_zero_idle_s:.0f}"
         return Decision(0, 0, f"{reason}: {current} -> 0")
-    ratio, why = _ratio(seen, policy)
+    ratio, why = _ratio(seen, policy, _utilization(seen, history, now))
     if ratio is None or current == 0:
         # Nothing to scale on, or scaled to zero (a request wakes the service, not this loop).
         floor = max(policy.min_replicas, 1) if current > 0 else current
@@ -117,8 +160,22 @@ def decide(current: int, seen: Observation, policy: Policy, history: History, no
     return Decision(target, recommendation, reason)
 
 
-def _ratio(seen: Observation, policy: Policy) -> tuple[float | None, str]:
+def _utilization(seen: Observation, history: History, now: float) -> float | None:
+    """The mean prefill utilization over the window: what was recorded, and this interval's."""
+    values = [u for t, u in history.utilization if now - t < UTILIZATION_WINDOW_S]
+    if seen.prefill_utilization is not None:
+        values.append(seen.prefill_utilization)
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(seen: Observation, policy: Policy, utilization: float | None) -> tuple[float | None, str]:
     candidates: list[tuple[float, str]] = []
+    if utilization is not None:
+        target = policy.target_prefill_utilization
+        cmp = _cmp(utilization, target)
+        candidates.append(
+            (utilization / target, f"prefillUtilization {utilization:.2f} {cmp} target {target:.2f}")
+        )
     if seen.kv_cache_usage is not None:
         cmp = _cmp(seen.kv_cache_usage, policy.target_kv_cache_usage)
         candidates.append(
@@ -127,17 +184,18 @@ def _ratio(seen: Observation, policy: Policy) -> tuple[float | None, str]:
                 f"kvCacheUsage {seen.kv_cache_usage:.2f} {cmp} target {policy.target_kv_cache_usage:.2f}",
             )
         )
+    note = ""
     if seen.ttft_p95_ms is not None:
         cmp = _cmp(seen.ttft_p95_ms, policy.target_ttft_ms)
-        candidates.append(
-            (
-                seen.ttft_p95_ms / policy.target_ttft_ms,
-                f"TTFT p95 {seen.ttft_p95_ms:.0f} ms {cmp} target {policy.target_ttft_ms:.0f} ms",
-            )
-        )
+        ttft = f"TTFT p95 {seen.ttft_p95_ms:.0f} ms {cmp} target {policy.target_ttft_ms:.0f} ms"
+        if seen.requests_waiting != 0:
+            candidates.append((seen.ttft_p95_ms / policy.target_ttft_ms, ttft))
+        elif cmp == ">":
+            note = f" ({ttft} with no request waiting: prompt length, not capacity)"
     if not candidates:
-        return None, ""
-    return max(candidates, key=lambda c: c[0])
+        return None, note.strip(" ()")
+    ratio, why = max(candidates, key=lambda c: c[0])
+    return ratio, why + note
 
 
 def _cmp(value: float, target: float) -> str:

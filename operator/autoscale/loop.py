@@ -291,18 +291,9 @@ class Autoscaler:
             log.warning("autoscaler: %s/%s not scaled: %s", meta["namespace"], meta["name"], exc)
             return
         history = self.histories.setdefault(uid, History(started=now))
-        seen = Observation(
-            kv_cache_usage=agg.kv_cache_usage,
-            ttft_p95_ms=agg.ttft_p95_s * 1000 if agg.ttft_p95_s is not None else None,
-            had_traffic=agg.had_traffic,
-        )
+        seen = Observation.of(agg)
         decision = decide(current, seen, policy, history, now)
-        history.record(
-            now,
-            decision.recommendation,
-            agg.had_traffic,
-            max(policy.scale_up_window_s, policy.scale_down_window_s),
-        )
+        history.record(now, decision.recommendation, agg.had_traffic, policy.keep_s, seen.prefill_utilization)
         if decision.changes(current):
             await self._apply(isvc, current, decision)
 

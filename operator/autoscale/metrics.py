@@ -26,6 +26,7 @@ ENGINE_COUNTERS = {
     P + "tier_wait_seconds_total": "tier_wait_s",
     P + "preemptions_total": "preemptions",
     P + "hbm_evictions_total": "hbm_evictions",
+    P + "prefill_busy_seconds_total": "prefill_busy_s",  # the autoscaler's prefill utilization
 }
 
 

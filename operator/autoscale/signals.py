@@ -36,6 +36,15 @@ class Aggregate:
     pod_seconds: float = 0.0
 
     @property
+    def prefill_utilization(self) -> float | None:
+        """Mean share of the interval the pods spent in steps that computed prompt tokens; None
+        when no pod seen in both scrapes exposes it."""
+        busy = self.engine.get("prefill_busy_s")
+        if busy is None or self.pod_seconds <= 0:
+            return None
+        return min(1.0, busy / self.pod_seconds)
+
+    @property
     def had_traffic(self) -> bool:
         return self.first_tokens > 0 or self.prompt_tokens > 0
 

@@ -44,6 +44,7 @@ def at(data: dict[str, Any], dotted: str) -> Any:
         "cache.hbm.kvFraction",
         "cache.writeMode",
         "autoscaling.targetKvCacheUsage",
+        "autoscaling.targetPrefillUtilization",
     ],
 )
 def test_the_summary_table_shows_the_shipped_values(field: str) -> None:

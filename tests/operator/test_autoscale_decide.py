@@ -22,8 +22,20 @@ NO_WINDOWS = Policy(
 )
 
 
-def seen(kv: float | None = None, ttft: float | None = None, traffic: bool = True) -> Observation:
-    return Observation(kv_cache_usage=kv, ttft_p95_ms=ttft, had_traffic=traffic)
+def seen(
+    kv: float | None = None,
+    ttft: float | None = None,
+    traffic: bool = True,
+    prefill: float | None = None,
+    waiting: int | None = None,
+) -> Observation:
+    return Observation(
+        kv_cache_usage=kv,
+        ttft_p95_ms=ttft,
+        had_traffic=traffic,
+        prefill_utilization=prefill,
+        requests_waiting=waiting,
+    )
 
 
 def fresh(now: float = 0.0) -> History:
@@ -40,6 +52,35 @@ def test_ttft_over_target_scales_up_by_the_ratio_with_the_numbers_in_the_reason(
 def test_kv_usage_over_target_scales_up():
     d = decide(2, seen(kv=0.95), NO_WINDOWS, fresh(), 100)
     assert d.replicas == 3 and d.reason == "kvCacheUsage 0.95 > target 0.75: 2 -> 3"
+
+
+def test_prefill_utilization_sizes_like_cpu_utilization_in_an_hpa():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "target_prefill_utilization": 0.2})
+    d = decide(4, seen(kv=0.1, prefill=0.5), policy, fresh(), 100)
+    # 0.5 / 0.2 = 2.5: ceil(4 * 2.5) = 10, capped by the step of 4.
+    assert d.recommendation == 10 and d.replicas == 8
+    assert d.reason == "prefillUtilization 0.50 > target 0.20: 4 -> 8 (max step 4)"
+
+
+def test_prefill_utilization_is_averaged_over_its_window():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "target_prefill_utilization": 0.2})
+    history = fresh()
+    for t in (40, 55, 70, 85):
+        history.record(t, 4, True, keep_s=0, utilization=0.1)
+    history.record(-100, 4, True, keep_s=0, utilization=0.9)  # outside the 120 s window: dropped
+    # (0.1 * 4 + 0.5) / 5 = 0.18: within the tolerance of 0.2, one spiky interval changes nothing.
+    d = decide(4, seen(prefill=0.5), policy, history, 100)
+    assert d.replicas == 4 and "prefillUtilization 0.18 < target 0.20" in d.reason
+
+
+def test_a_slow_ttft_without_a_queue_does_not_scale_but_is_named():
+    d = decide(4, seen(kv=0.3, ttft=2400, waiting=0), NO_WINDOWS, fresh(), 100)
+    assert d.replicas == 2  # the KV usage decides: 0.3 / 0.75 -> ceil(4 * 0.4) = 2
+    assert (
+        "(TTFT p95 2400 ms > target 300 ms with no request waiting: prompt length, not capacity)" in d.reason
+    )
+    queued = decide(4, seen(kv=0.3, ttft=2400, waiting=3), NO_WINDOWS, fresh(), 100)
+    assert queued.replicas == 8 and queued.reason.startswith("TTFT p95 2400 ms > target 300 ms")
 
 
 def test_within_tolerance_nothing_changes():
@@ -123,10 +164,17 @@ def test_scale_to_zero_forbidden_by_the_tier_or_by_min_replicas():
 def test_policy_takes_the_tier_targets_and_the_narrower_bounds():
     tier = {
         "slo": {"ttftP95Ms": 250},
-        "autoscaling": {"targetKvCacheUsage": 0.8, "maxReplicas": 6, "minReplicas": 1, "maxScaleUpStep": 2},
+        "autoscaling": {
+            "targetKvCacheUsage": 0.8,
+            "targetPrefillUtilization": 0.25,
+            "maxReplicas": 6,
+            "minReplicas": 1,
+            "maxScaleUpStep": 2,
+        },
     }
     policy = Policy.of(tier, {"minReplicas": 2, "maxReplicas": 10})
     assert policy.target_ttft_ms == 250 and policy.target_kv_cache_usage == 0.8
+    assert policy.target_prefill_utilization == 0.25
     assert (policy.min_replicas, policy.max_replicas, policy.max_scale_up_step) == (2, 6, 2)
     assert Policy.of(None, {}).target_kv_cache_usage == 0.75
 

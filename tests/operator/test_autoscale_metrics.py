@@ -72,7 +72,9 @@ def test_bad_expositions_are_refused_with_the_reason(text, fragment):
 
 
 def test_engine_counters_and_the_slo_counter_come_from_the_worker() -> None:
-    stats = EngineStats(prompt_tokens=10, preemptions=2, hbm_evictions=7, busy_seconds=4.5)
+    stats = EngineStats(
+        prompt_tokens=10, preemptions=2, hbm_evictions=7, busy_seconds=4.5, prefill_busy_seconds=2.5
+    )
     stats.tier_wait_seconds.update({"load": 1.0, "save": 0.5})
     engine = SimpleNamespace(blocks=SimpleNamespace(usage=0.1, num_cached_blocks=0), stats=stats)
     metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=0, num_running=0), "m", 0.3)  # type: ignore[arg-type]
@@ -82,4 +84,10 @@ def test_engine_counters_and_the_slo_counter_come_from_the_worker() -> None:
     assert "strata_worker_ttft_within_slo_total 2.0" in text  # 0.1 and 0.3: within, inclusive
     assert "strata_worker_ttft_slo_seconds 0.3" in text
     sample = parse_exposition(text)
-    assert sample.engine == {"busy_s": 4.5, "tier_wait_s": 1.5, "preemptions": 2.0, "hbm_evictions": 7.0}
+    assert sample.engine == {
+        "busy_s": 4.5,
+        "tier_wait_s": 1.5,
+        "preemptions": 2.0,
+        "hbm_evictions": 7.0,
+        "prefill_busy_s": 2.5,
+    }

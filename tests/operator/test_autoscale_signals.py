@@ -92,3 +92,20 @@ def test_a_new_pod_adds_its_gauge_but_no_deltas_and_a_gone_pod_nothing():
 def test_no_pods_means_no_signals():
     agg = aggregate(Scrape(0, {}), Scrape(15, {}))
     assert agg.kv_cache_usage is None and agg.ttft_p95_s is None and agg.requests_waiting is None
+
+
+def busy(seconds: float | None) -> PodSample:
+    return PodSample(kv_usage=0.1, engine={} if seconds is None else {"prefill_busy_s": seconds})
+
+
+def test_prefill_utilization_is_the_share_of_pod_time_spent_on_prompts():
+    before = Scrape(0.0, {"a": busy(10.0), "b": busy(0.0)})
+    after = Scrape(20.0, {"a": busy(15.0), "b": busy(1.0), "c": busy(3.0)})
+    # a: 5 s of 20, b: 1 s of 20; c was not seen before.
+    assert aggregate(before, after).prefill_utilization == pytest.approx((5 + 1) / 40)
+
+
+def test_prefill_utilization_survives_a_restart_and_is_unknown_without_the_counter():
+    restarted = aggregate(Scrape(0.0, {"a": busy(50.0)}), Scrape(10.0, {"a": busy(2.0)}))
+    assert restarted.prefill_utilization == pytest.approx(0.2)  # the new counter's value is the delta
+    assert aggregate(Scrape(0.0, {"a": busy(None)}), Scrape(10.0, {"a": busy(None)})).prefill_utilization is None

@@ -176,6 +176,10 @@ async def test_metrics_count_tokens_latency_and_prefix_hits(make_engine: EngineF
         assert "strata_worker_generation_tokens_total 10.0" in text
         assert 'strata_worker_prefix_hit_tokens_total{tier="hbm"} 16.0' in text  # 4 of 19 tokens x 4
         assert 'strata_worker_prefix_hit_tokens_total{tier="dram"} 0.0' in text
+        busy = next(
+            line for line in text.splitlines() if line.startswith("strata_worker_prefill_busy_seconds_total")
+        )
+        assert float(busy.split()[1]) > 0  # two prompts were computed
         for name in (
             "queue_length",
             "running_requests",

@@ -194,6 +194,7 @@ class LLMEngine:
         if not batch.items:
             return outputs
         logits = self.runner.run(batch.items)
+        computed = self.stats.recomputed_tokens
         row = 0
         for seq, n in batch.items:
             # a decode step feeds back the last sampled token; everything else is (re)computed context
@@ -206,7 +207,10 @@ class LLMEngine:
             outputs.append(self._append(seq, logits[row]))
             row += 1
         # Scheduling (tier loads at admission), saves and the forward pass: the step's wall time.
-        self.stats.busy_seconds += time.monotonic() - started
+        elapsed = time.monotonic() - started
+        self.stats.busy_seconds += elapsed
+        if self.stats.recomputed_tokens > computed:  # a prompt chunk: prefill load (the autoscaler's)
+            self.stats.prefill_busy_seconds += elapsed
         return outputs
 
     def _append(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:

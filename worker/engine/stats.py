@@ -22,6 +22,7 @@ class EngineStats:
     rejected: Counter[str] = field(default_factory=Counter)  # reason -> requests refused
     # Where step time goes, for the operator's bottleneck verdict (docs/operator.md).
     busy_seconds: float = 0.0  # wall time inside step() with work to do
+    prefill_busy_seconds: float = 0.0  # the part of it in steps that computed prompt tokens
     tier_wait_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIER_OPS, 0.0))
     hbm_evictions: int = 0  # cached blocks pushed out of HBM to make room
 

@@ -60,6 +60,10 @@ class EngineCollector(Collector):
             "preemptions": ("Running requests preempted (KV freed, recomputed later).", stats.preemptions),
             "hbm_evictions": ("Cached KV blocks evicted from HBM to make room.", stats.hbm_evictions),
             "engine_busy_seconds": ("Wall time of engine steps that had work.", stats.busy_seconds),
+            "prefill_busy_seconds": (
+                "Wall time of engine steps that computed prompt tokens (the autoscaler's load signal).",
+                stats.prefill_busy_seconds,
+            ),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(P + name, doc, value)
