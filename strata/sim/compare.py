@@ -44,7 +44,8 @@ def compare(
         series[policy] = {s.name: report.series(s) for s in result.services}
         targets = {s.name: s.ttft_target_s for s in result.services}
         if log is not None:
-            log(f"{policy}: {result.end_s:.0f} s simulated in {result.wall_s:.1f} s")
+            took = f"{result.wall_s:.1f} s ({result.cpu_s:.1f} s of CPU)"
+            log(f"{policy}: {result.end_s:.0f} s simulated in {took}")
     return Comparison(summaries, series, targets, static)
 
 

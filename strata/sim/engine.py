@@ -136,6 +136,8 @@ class Engine:
             return
         duration = self.profile.step_s(step.prefill_s, step.decode_seqs, step.decode_context) + step.load_s
         self.clock += duration
+        if step.prefill_s > 0:
+            self.tally.prefill_busy_s += duration
         self._finish_step(step)
 
     def _plan(self, step: Step, seq: Seq, n: int) -> None:

@@ -48,30 +48,37 @@ GPU = Profile(
     ),
 )
 
-# ---- cpu: the `small` test model (12.4M parameters, float32) on one core of this machine ----
+# ---- cpu: the `small` test model (12.4M parameters, float32), torch's default threads ----
 SMALL_KV_BYTES_PER_TOKEN = 4 * 2 * 2 * 64 * 4  # layers x (K, V) x 2 KV heads x 64 dims x float32
 
 CPU = Profile(
     name="cpu",
-    description="strata worker, `small` test model (float32), one CPU thread, on the 2-core dev machine",
+    description="strata worker, `small` test model (float32), on the 2-core development machine",
     kv_bytes_per_token=SMALL_KV_BYTES_PER_TOKEN,
-    kv_cache_bytes=512 * 2**20,  # the engine's cpu_kv_bytes default
+    kv_cache_bytes=512 * 2**20,  # the engine's cpu_kv_bytes default: 256 blocks of 512 tokens
     max_batched_tokens=2048,  # the InferenceService default
     max_num_seqs=64,
-    overhead_s=0.0055,
-    floor_s=0.0,
-    prefill_token_s=2.3e-4,
-    attention_pair_s=1.2e-8,
-    decode_seq_s=0.0012,
-    decode_context_token_s=4.0e-7,
-    # bench/bench_kvtier.py through the sidecar on this machine: DRAM tier get 4.1 GB/s, NVMe
-    # tier read 1.19 GB/s; the shared tier is a file per block on the same disk.
-    read_gbps=ReadBandwidth(dram=4.1, nvme=1.19, shared=1.19),
+    overhead_s=0.003,  # Python scheduling and sampling per step
+    floor_s=0.0025,  # 50 MB of float32 weights read once per step (~20 GB/s)
+    # Least squares over the cold TTFTs of 1k, 4k and 8k prompts in 2,048-token chunks (0.25,
+    # 1.59, 3.35 s): within 3% at 4k and 8k; the 1k figure (0.25 s) comes out 0.36 s.
+    prefill_token_s=3.4e-4,
+    attention_pair_s=1.65e-8,
+    decode_seq_s=0.00025,  # one token's 25 MFLOP of linear layers
+    # From the HBM-hit TTFTs (a few tokens computed over 1k / 8k of context: 19 / 35 ms); with
+    # the above, one sequence decodes at 1k context in 7.5 ms a step (measured: 119 tok/s, 8.4 ms).
+    decode_context_token_s=2.0e-6,
+    # bench/bench_kvtier.py through the sidecar: DRAM tier get 4.1 GB/s, NVMe tier read
+    # 1.19 GB/s; the shared tier's read of one file per block, pages dropped (the router's
+    # bench/bench_routing.py, router/weights.py): 0.095 GB/s.
+    read_gbps=ReadBandwidth(dram=4.1, nvme=1.19, shared=0.095),
     read_latency_s=0.002,
-    startup_s=5.0,
+    startup_s=5.0,  # import torch, load 50 MB of weights, serve: seconds on this machine
     sources=(
-        "README `make bench` table: worker (small model) prefill 4,086 / 2,578 / 2,444 tok/s at "
-        "1k / 4k / 8k tokens, decode 119 tok/s; kvtier DRAM get 4.1 GB/s, NVMe read 1.19 GB/s",
+        "README `make bench` table (2-core development machine): worker (small model) TTFT cold "
+        "0.25 / 1.59 / 3.35 s at 1k / 4k / 8k tokens, HBM hit 0.019 / 0.023 / 0.035 s, decode "
+        "119 tok/s; kvtier DRAM get 4.1 GB/s, NVMe read 1.19 GB/s",
+        "router/weights.py: shared-tier read of a file per block 0.095 GB/s",
     ),
 )
 

@@ -65,6 +65,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "replica_seconds": round(sum(s.replica_seconds for s in result.services), 1),
         "simulated_s": round(result.end_s, 1),
         "wall_s": round(result.wall_s, 2),
+        "cpu_s": round(result.cpu_s, 2),
         "simulated_per_wall_s": round(result.speedup, 1),
     }
 

@@ -95,6 +95,7 @@ class Tally:
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
         self.first_tokens = 0
         self.preemptions = 0
+        self.prefill_busy_s = 0.0  # time in steps that computed prompt tokens, as the worker counts it
 
     def admitted(self, seq: Seq) -> None:
         self.prompt_tokens += seq.req.input_tokens
@@ -127,6 +128,7 @@ class Tally:
             ttft_count=float(self.first_tokens),
             prefix_hit_tokens=dict(self.hit_tokens),
             prompt_tokens=float(self.prompt_tokens),
+            prefill_busy_s=self.prefill_busy_s,
         )
 
 

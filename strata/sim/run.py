@@ -46,6 +46,7 @@ class RunResult:
     services: list[Service]
     end_s: float
     wall_s: float
+    cpu_s: float  # this process's CPU time: what the run costs on a machine shared with others
 
     @property
     def speedup(self) -> float:
@@ -71,7 +72,7 @@ class Clock:
 
 
 def simulate(scenario: Scenario, policy: str, scalers: ScalerFactory) -> RunResult:
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     clock = Clock()
     services = [Service(c, _tier(scenario, c), scenario.profile) for c in scenario.services]
     router = Router(random.Random(scenario.seed), scenario.router, scenario.profile)
@@ -86,7 +87,7 @@ def simulate(scenario: Scenario, policy: str, scalers: ScalerFactory) -> RunResu
     fleet.finish(end)
     for service in services:
         _unfinished(service, end)
-    return RunResult(policy, services, end, time.perf_counter() - started)
+    return RunResult(policy, services, end, time.perf_counter() - started, time.process_time() - cpu)
 
 
 def _tier(scenario: Scenario, config: ServiceConfig) -> ServiceTier:
@@ -121,21 +122,36 @@ def _tick(clock: Clock, fleet: Fleet, service: Service, scaler: Scaler, when: fl
 
 
 def _loop(clock: Clock, fleet: Fleet, last_arrival: float, deadline: float) -> float:
-    next_sample = 0.0
-    while (event := clock.pop()) is not None:
+    sampler = _Sampler(fleet, last_arrival)
+    while (event := clock.pop()) is not None and event[0] <= deadline:
         now, callback = event
-        if now > deadline:
-            break
-        while next_sample <= now:
-            fleet.advance(next_sample)
-            fleet.sample(next_sample)
-            if next_sample > last_arrival and _idle(fleet.services):
-                return next_sample
-            next_sample += SAMPLE_S
+        if sampler.until(now):
+            return sampler.next_s - SAMPLE_S
         fleet.advance(now)
         callback(now)
+    if sampler.until(deadline):  # no more events: the replicas finish what they hold
+        return sampler.next_s - SAMPLE_S
     fleet.advance(deadline)
     return deadline
+
+
+class _Sampler:
+    """Samples the fleet every SAMPLE_S for the plot, and notices when the run is over."""
+
+    def __init__(self, fleet: Fleet, last_arrival: float) -> None:
+        self.fleet = fleet
+        self.last_arrival = last_arrival
+        self.next_s = 0.0
+
+    def until(self, now: float) -> bool:
+        """Sample up to ``now``; True once every trace is replayed and every request ended."""
+        while self.next_s <= now:
+            self.fleet.advance(self.next_s)
+            self.fleet.sample(self.next_s)
+            self.next_s += SAMPLE_S
+            if self.next_s - SAMPLE_S > self.last_arrival and _idle(self.fleet.services):
+                return True
+        return False
 
 
 def _idle(services: Sequence[Service]) -> bool:

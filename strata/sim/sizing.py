@@ -5,7 +5,7 @@ trace's busiest ``PEAK_WINDOW_S`` (by prompt tokens), reach the best TTFT-SLO at
 service can reach there at all (with its ``max_replicas``), within ``TOLERANCE``; found by
 bisection, simulating the service alone with a GPU budget that never binds. ``static_mean``
 scales that count by the trace's mean over peak prompt-token rate (one-minute windows), rounded
-up: provisioning for the average load.
+up (the mean taken over the whole run, the longest trace): provisioning for the average load.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ TOLERANCE = 0.005
 def static_sizes(scenario: Scenario) -> dict[str, dict[str, int]]:
     """{"static_peak": {service: N}, "static_mean": {service: N}}."""
     peak = {c.name: peak_replicas(scenario, c) for c in scenario.services}
-    mean = {c.name: mean_replicas(c.trace, peak[c.name]) for c in scenario.services}
+    span = max(c.trace.span_s for c in scenario.services)
+    mean = {c.name: mean_replicas(c.trace, peak[c.name], span) for c in scenario.services}
     return {"static_peak": peak, "static_mean": mean}
 
 
@@ -68,15 +69,15 @@ def busiest(trace: Trace, span_s: float) -> float:
     return sums.index(max(sums)) * RATE_WINDOW_S
 
 
-def token_rates(trace: Trace) -> list[float]:
-    """Prompt tokens per second in each one-minute window."""
-    windows = [0.0] * (int(trace.span_s // RATE_WINDOW_S) + 1)
+def token_rates(trace: Trace, span_s: float | None = None) -> list[float]:
+    """Prompt tokens per second in each one-minute window of [0, span_s] (default: the trace's)."""
+    windows = [0.0] * (int(max(span_s or 0.0, trace.span_s) // RATE_WINDOW_S) + 1)
     for request in trace.requests:
         windows[int(request.arrival_s // RATE_WINDOW_S)] += request.input_tokens / RATE_WINDOW_S
     return windows
 
 
-def mean_replicas(trace: Trace, peak: int) -> int:
-    rates = token_rates(trace)
+def mean_replicas(trace: Trace, peak: int, span_s: float | None = None) -> int:
+    rates = token_rates(trace, span_s)
     full = rates[:-1] or rates  # the last window is partial
     return max(1, math.ceil(peak * (sum(full) / len(full)) / max(full)))

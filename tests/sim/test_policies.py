@@ -43,9 +43,26 @@ def test_builtin_primes_then_scales_up_on_ttft_with_the_operators_reason():
     engine.tally.ttft_counts[slow] += 20  # twenty first tokens between 1 and 2.5 s
     engine.tally.first_tokens += 20
     engine.tally.prompt_tokens += 2000
+    request = svc.config.trace.requests[0]
+    engine.waiting.extend(Seq(request, (), 15.0) for _ in range(3))  # and requests queue for it
     verdict = policy.decide(View(svc, 15.0))
     assert verdict is not None and verdict.replicas == 5  # premium: up by at most 4
     assert verdict.reason.startswith("TTFT p95 2425 ms > target 300 ms: 1 -> 5")
+
+
+def test_builtin_ignores_a_slow_ttft_when_nobody_waits_and_sizes_on_prefill_utilization():
+    svc = ready_service(4)
+    policy = Builtin(svc)
+    policy.decide(View(svc, 0.0))
+    for engine in engines(svc):
+        engine.tally.ttft_counts[TTFT_BUCKETS.index(2.5)] += 20  # long prompts: slow, but no queue
+        engine.tally.first_tokens += 20
+        engine.tally.prompt_tokens += 2000
+        engine.tally.prefill_busy_s += 0.9  # 6% of the 15 s interval: below premium's target
+    verdict = policy.decide(View(svc, 15.0))
+    assert verdict is not None and verdict.replicas == 3  # down by premium's step of 1
+    assert "prefillUtilization 0.06 < target" in verdict.reason
+    assert "with no request waiting: prompt length, not capacity" in verdict.reason
 
 
 def test_builtin_takes_the_tier_policy_and_the_service_bounds():

@@ -5,6 +5,8 @@ service's ServiceTier policy (``Policy.of``), keeping its ``History`` as the loo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from strata.operator.autoscale.decide import History, Observation, Policy, decide
 from strata.operator.autoscale.signals import Scrape, aggregate
 from strata.operator.settings import OperatorSettings
@@ -27,14 +29,12 @@ class Builtin:
         previous, self.previous = self.previous, current
         if previous is None:
             return None  # the first interval only primes the deltas, as after an operator start
-        agg = aggregate(previous, current)
         history = self.history = self.history or History(started=view.now)
-        seen = Observation(
-            kv_cache_usage=agg.kv_cache_usage,
-            ttft_p95_ms=agg.ttft_p95_s * 1000 if agg.ttft_p95_s is not None else None,
-            had_traffic=agg.had_traffic or bool(view.service.held),
-        )
+        seen = Observation.of(aggregate(previous, current))
+        if view.service.held:  # the router's held requests wake the service (issue 9's wake path)
+            seen = replace(seen, had_traffic=True)
         decision = decide(view.desired, seen, self.policy, history, view.now)
-        keep = max(self.policy.scale_up_window_s, self.policy.scale_down_window_s)
-        history.record(view.now, decision.recommendation, seen.had_traffic, keep)
+        history.record(
+            view.now, decision.recommendation, seen.had_traffic, self.policy.keep_s, seen.prefill_utilization
+        )
         return Verdict(decision.replicas, decision.reason)
