@@ -2,33 +2,43 @@
 a premium chat service and a batch job sharing a GPU budget (docs/autoscaling.md).
 
 ``{TRACE: {PROFILE: {POLICY: {"slo_attainment": {TIER: x}, "replica_seconds": y, ...}}}}`` plus:
-``criteria`` (the issue's bar, evaluated on conversation/gpu), ``startup_sweep`` (the builtin
-autoscaler with pod start-up 30 s to 5 min), ``speed`` (a one-hour trace on 8 replicas:
-simulated seconds per wall second) and ``reality`` (the simulator against a real worker,
-bench/sim_reality.py). Plots: bench/results/autoscale-<trace>-<profile>.png.
+``criteria`` (the issue's bar, evaluated on conversation/gpu), ``tuning`` (the builtin autoscaler
+with other premium settings: how the default tiers were chosen), ``kpa_targets`` (the KPA's one
+free knob swept), ``startup_sweep`` (the builtin autoscaler with pod start-up 30 s to 5 min),
+``speed`` (a one-hour trace on 8 replicas: simulated seconds per wall and per CPU second) and
+``reality`` (the simulator against a real worker, bench/sim_reality.py). Plots:
+bench/results/autoscale-<trace>-<profile>.png.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench import sim_reality
+from strata.operator.api.generate import EXAMPLE_TIERS
 from strata.sim.compare import Comparison, compare, plot
 from strata.sim.policies.catalog import DYNAMIC, POLICIES, Knobs
 from strata.sim.policies.static import Static
 from strata.sim.run import simulate
-from strata.sim.scenario import ScenarioFile, ServiceEntry, build
+from strata.sim.scenario import REPO, ScenarioFile, ServiceEntry, build
 
 RESULTS = Path(__file__).parent / "results"
 TRACES = {"conversation": "mooncake_conversation.jsonl", "synthetic": "mooncake_synthetic.jsonl"}
 # The CPU profile's `small` model prefills ~13x slower per token than an H100 runs an 8B model:
 # its runs replay the same requests with every token count divided by 16 (blocks of 32 tokens).
 TOKEN_SCALE = {"gpu": 1, "cpu": 16}
-GPUS = 20
+GPUS = 24
 STARTUPS_S = (30.0, 60.0, 120.0, 300.0)
 SPEED_REPLICAS = 8
+KPA_TARGETS = (2.0, 4.0, 8.0)
+# Premium settings tried against the shipped ones: (targetPrefillUtilization, scale-up window,
+# scale-down window). The first is the tier's former windows.
+PREMIUM_VARIANTS = ((0.15, 0, 600), (0.15, 30, 300), (0.2, 30, 300), (0.3, 30, 300))
 
 
 def scenario(trace: str, profile: str, startup_s: float | None = None) -> ScenarioFile:
@@ -38,7 +48,7 @@ def scenario(trace: str, profile: str, startup_s: float | None = None) -> Scenar
     spread = 3.0 if trace == "conversation" else 0.0  # that trace records arrivals in 3 s slots
     span = {"conversation": 3537.0, "synthetic": 1022.0}[trace]
     common = {"trace": name, "token_scale": TOKEN_SCALE[profile], "spread_s": spread, "max_replicas": 16}
-    chat = ServiceEntry(name="chat", tier="premium", replicas=4, **common)  # type: ignore[arg-type]
+    chat = ServiceEntry(name="chat", tier="premium", replicas=4, **common)
     jobs = ServiceEntry(
         name="jobs",
         tier="batch",
@@ -47,7 +57,7 @@ def scenario(trace: str, profile: str, startup_s: float | None = None) -> Scenar
         offset_s=round(span / 3),
         min_replicas=0,
         replicas=0,
-        **common,  # type: ignore[arg-type]
+        **common,
     )
     return ScenarioFile(profile=profile, gpus=GPUS, startup_s=startup_s, services=[chat, jobs])
 
@@ -98,6 +108,36 @@ def criteria(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def tuning() -> dict[str, Any]:
+    out = {}
+    for target, up, down in PREMIUM_VARIANTS:
+        with tempfile.TemporaryDirectory() as folder:
+            _tiers_with(Path(folder), target, up, down)
+            spec = scenario("conversation", "gpu").model_copy(update={"tiers": folder})
+            result = compare(build(spec), ["builtin"])
+        out[f"target {target}, windows {up}/{down} s"] = figures(result)["builtin"]
+    return out
+
+
+def _tiers_with(folder: Path, target: float, up: int, down: int) -> None:
+    for path in (REPO / EXAMPLE_TIERS).glob("*.yaml"):
+        tier = yaml.safe_load(path.read_text())
+        if tier["metadata"]["name"] == "premium":
+            auto = tier["spec"]["autoscaling"]
+            auto["targetPrefillUtilization"] = target
+            auto["scaleUpStabilizationSeconds"] = up
+            auto["scaleDownStabilizationSeconds"] = down
+        (folder / path.name).write_text(yaml.safe_dump(tier))
+
+
+def kpa_targets() -> dict[str, Any]:
+    out = {}
+    for target in KPA_TARGETS:
+        result = compare(build(scenario("conversation", "gpu")), ["kpa"], Knobs(kpa_default_target=target))
+        out[f"{target:g}"] = figures(result)["kpa"]
+    return out
+
+
 def startup_sweep() -> dict[str, Any]:
     sweep = {}
     for startup in STARTUPS_S:
@@ -146,6 +186,8 @@ def run() -> dict[str, Any]:
                 comparison, f"{trace} trace, {profile} profile", RESULTS / f"autoscale-{trace}-{profile}.png"
             )
     results["criteria"] = criteria(results)
+    results["tuning"] = tuning()
+    results["kpa_targets"] = kpa_targets()
     results["startup_sweep"] = startup_sweep()
     results["speed"] = speed()
     results["reality"] = sim_reality.check()
