@@ -609,7 +609,7 @@ class TierAutoscalingPolicy(ApiModel):
         0.5,
         gt=0,
         le=1,
-        description="Scale out when the mean share of time replicas spend computing prompts exceeds it (0..1].",
+        description="Scale out when the mean share of time replicas spend computing prompts exceeds this.",
     )
     tolerance: float = Field(
         0.1, ge=0, lt=1, description="Relative deviation from a target ignored, to avoid flapping (0..1)."
