@@ -128,7 +128,7 @@ class Tally:
             ttft_count=float(self.first_tokens),
             prefix_hit_tokens=dict(self.hit_tokens),
             prompt_tokens=float(self.prompt_tokens),
-            prefill_busy_s=self.prefill_busy_s,
+            engine={"prefill_busy_s": self.prefill_busy_s},
         )
 
 
