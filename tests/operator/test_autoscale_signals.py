@@ -108,4 +108,5 @@ def test_prefill_utilization_is_the_share_of_pod_time_spent_on_prompts():
 def test_prefill_utilization_survives_a_restart_and_is_unknown_without_the_counter():
     restarted = aggregate(Scrape(0.0, {"a": busy(50.0)}), Scrape(10.0, {"a": busy(2.0)}))
     assert restarted.prefill_utilization == pytest.approx(0.2)  # the new counter's value is the delta
-    assert aggregate(Scrape(0.0, {"a": busy(None)}), Scrape(10.0, {"a": busy(None)})).prefill_utilization is None
+    unknown = aggregate(Scrape(0.0, {"a": busy(None)}), Scrape(10.0, {"a": busy(None)}))
+    assert unknown.prefill_utilization is None
