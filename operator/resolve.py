@@ -200,10 +200,13 @@ def _worker_config(
         ),
         kvtier=KVTierConfig(
             enabled=bool(dram or nvme or spec.cache.shared),
-            dram=DramTierConfig(capacity_bytes=dram, eviction=policy.dram.eviction),
+            dram=DramTierConfig(
+                capacity_bytes=dram, eviction=policy.dram.eviction, admission=policy.dram.admission
+            ),
             nvme=NvmeTierConfig(
                 capacity_bytes=nvme,
                 eviction=policy.nvme.eviction,
+                admission=policy.nvme.admission,
                 admit_after_hits=policy.nvme.admit_after_hits,
                 persistent=policy.nvme.survives_restart,
             ),

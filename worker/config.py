@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DRAIN_CUTOFF_S = 10.0
 
 EvictionPolicy = Literal["lru", "prefix-aware"]
+AdmissionPolicy = Literal["always", "doorkeeper", "adaptive"]
 WriteMode = Literal["write-through", "write-back"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -83,6 +84,9 @@ class DramTierConfig(_Strict):
     capacity_bytes: int = Field(0, ge=0, description="Bytes of shared memory for warm KV blocks; 0 disables.")
     shm_path: str = Field("/dev/shm/strata-kv", description="File in the pod's memory-backed emptyDir.")
     eviction: EvictionPolicy = "prefix-aware"
+    admission: AdmissionPolicy = Field(
+        "always", description="Which blocks may enter: `always`, `doorkeeper` (second sighting), `adaptive`."
+    )
 
 
 class NvmeTierConfig(_Strict):
@@ -91,6 +95,9 @@ class NvmeTierConfig(_Strict):
     )
     path: str = Field("/var/cache/strata/nvme", description="Directory on the local NVMe volume.")
     eviction: EvictionPolicy = "prefix-aware"
+    admission: AdmissionPolicy = Field(
+        "always", description="Which blocks may enter: `always`, `doorkeeper` (second sighting), `adaptive`."
+    )
     admit_after_hits: int = Field(
         1, ge=0, description="Write a block to NVMe only once it was seen this many times before (SSD wear)."
     )
@@ -117,6 +124,9 @@ class KVTierConfig(_Strict):
     priority: int = Field(0, description="Service-tier priority; higher-priority blocks are evicted last.")
     pinned_prefixes: list[str] = Field(
         default_factory=list, description="Prompt prefixes (e.g. system prompts) kept resident in DRAM."
+    )
+    lookahead_requests: int = Field(
+        64, ge=0, le=256, description="Queued requests whose blocks the tiers keep and move up; 0: none."
     )
     metrics_port: int = Field(8001, ge=1, le=65535, description="Port of the sidecar's /metrics and /health.")
 

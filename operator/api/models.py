@@ -45,6 +45,7 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 EngineKind = Literal["torch"]
 AutoscalingMode = Literal["builtin", "external", "off"]
 EvictionPolicy = Literal["lru", "prefix-aware"]
+AdmissionPolicy = Literal["always", "doorkeeper", "adaptive"]
 WriteMode = Literal["write-through", "write-back"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -518,6 +519,12 @@ class _Capacity(ApiModel):
     eviction: EvictionPolicy = Field(
         "prefix-aware",
         description="`lru`, or `prefix-aware`: evict leaves of prefix chains first, keeping shared prefixes.",
+    )
+    admission: AdmissionPolicy = Field(
+        "always",
+        description="Which blocks may enter the tier: `always`; `doorkeeper`: only a block seen before "
+        "(recently, by a bounded frequency sketch), so one-use blocks do not push out reused ones; "
+        "`adaptive`: whichever of the two is winning at this capacity and load, learned from ghost hits.",
     )
 
     @model_validator(mode="after")

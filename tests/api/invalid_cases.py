@@ -161,6 +161,7 @@ CASES: list[Case] = [
     ),
     tier("nvme-max-format", {"cache": {"nvme": {"maxSize": "1TB"}}}, "spec.cache.nvme.maxSize"),
     tier("eviction-enum", {"cache": {"dram": {"eviction": "fifo"}}}, "spec.cache.dram.eviction"),
+    tier("admission-enum", {"cache": {"nvme": {"admission": "never"}}}, "spec.cache.nvme.admission"),
     tier("write-mode-enum", {"cache": {"writeMode": "write-around"}}, "spec.cache.writeMode"),
     tier("retention-zero", {"cache": {"retentionSeconds": 0}}, "spec.cache.retentionSeconds"),
     tier(

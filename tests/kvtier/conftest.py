@@ -3,6 +3,7 @@ are limited to ~100 bytes) and an in-process sidecar."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from strata.worker.config import KVTierConfig, ModelConfig, WorkerConfig
 from strata.worker.kvtier.server import Sidecar
 
 MiB = 2**20
+TRACES = Path(os.environ.get("STRATA_TRACES_DIR", Path(__file__).parents[2] / "../shared/data/traces"))
 
 
 @pytest.fixture

@@ -4,27 +4,26 @@ figures in the traces' README."""
 from __future__ import annotations
 
 import json
-import os
 import random
-from pathlib import Path
 
 import pytest
 
-from strata.worker.kvtier.simulate import hit_ratio, load_trace, next_uses, optimal_hit_ratio
+from strata.worker.kvtier import reference
+from strata.worker.kvtier.simulate import Cache, hit_ratio, load_trace, next_uses, optimal_hit_ratio, replay
 
-TRACES = Path(os.environ.get("STRATA_TRACES_DIR", Path(__file__).parents[2] / "../shared/data/traces"))
+from .conftest import TRACES
 
 
 def test_hits_are_the_longest_cached_prefix():
     trace = [[1, 2, 3], [1, 2, 4], [9, 2, 3]]
     # request 2: 1,2 hit; request 3: 9 misses, so 2 and 3 do not count although cached.
-    assert hit_ratio(trace, "lru", 100) == pytest.approx(2 / 9)
+    assert hit_ratio(trace, 100, "lru") == pytest.approx(2 / 9)
 
 
 def test_capacity_limits_hits():
     trace = [[1, 2], [3, 4], [1, 2]]
-    assert hit_ratio(trace, "lru", 2) == 0.0
-    assert hit_ratio(trace, "lru", 4) == pytest.approx(2 / 6)
+    assert hit_ratio(trace, 2, "lru") == 0.0
+    assert hit_ratio(trace, 4, "lru") == pytest.approx(2 / 6)
     assert optimal_hit_ratio(trace, 2) == pytest.approx(2 / 6)  # keeps 1,2 over 3,4
 
 
@@ -38,8 +37,11 @@ def test_optimal_bounds_online_policies_on_random_chains():
     trace = [[*rng.choice(prefixes), rng.randrange(10000, 20000)] for _ in range(600)]
     for capacity in (5, 20, 60):
         best = optimal_hit_ratio(trace, capacity)
-        for policy in ("lru", "prefix-aware"):
-            assert hit_ratio(trace, policy, capacity) <= best + 1e-12
+        for eviction in ("lru", "prefix-aware"):
+            for admission in ("always", "doorkeeper", "adaptive"):
+                assert hit_ratio(trace, capacity, eviction, admission, lookahead=4) <= best + 1e-12
+        for peer in reference.PEERS.values():
+            assert peer(trace, capacity) <= best + 1e-12
 
 
 def test_load_trace_names_bad_lines(tmp_path):
@@ -52,5 +54,53 @@ def test_load_trace_names_bad_lines(tmp_path):
 @pytest.mark.skipif(not (TRACES / "mooncake_synthetic.jsonl").exists(), reason="traces not present")
 def test_matches_readme_reference_on_synthetic_trace():
     trace = load_trace(TRACES / "mooncake_synthetic.jsonl")
-    assert round(hit_ratio(trace, "lru", 5000), 3) == 0.279
+    assert round(hit_ratio(trace, 5000, "lru"), 3) == 0.279
     assert round(optimal_hit_ratio(trace, 5000), 3) == 0.526
+
+
+@pytest.mark.skipif(not (TRACES / "mooncake_synthetic.jsonl").exists(), reason="traces not present")
+@pytest.mark.parametrize(("peer", "expected"), [("tail-first", 0.279), ("lfu", 0.262), ("s3-fifo", 0.273)])
+def test_reference_peers_match_the_readme(peer, expected):
+    trace = load_trace(TRACES / "mooncake_synthetic.jsonl")
+    assert round(reference.PEERS[peer](trace, 5000), 3) == expected
+
+
+def test_doorkeeper_refuses_one_use_blocks():
+    cache = Cache(10, "lru", "doorkeeper")
+    assert cache.request([1, 2]) == 0
+    assert cache.request([1, 2]) == 0  # seen once before: admitted now
+    assert cache.request([1, 2]) == 2
+    assert 3 not in cache.index and cache.request([3]) == 0 and 3 not in cache.index
+
+
+def one_use_noise_and_a_hot_set(length: int = 3000) -> list[list[int]]:
+    """A small set of reused chains drowned in blocks used once: refusing them wins."""
+    rng = random.Random(1)
+    hot = [[rng.randrange(10**6) for _ in range(3)] for _ in range(8)]
+    fresh = iter(range(10**6, 10**8))
+    return [rng.choice(hot) if i % 2 else [next(fresh) for _ in range(6)] for i in range(length)]
+
+
+def every_block_used_twice(length: int = 3000) -> list[list[int]]:
+    """Each chain comes back once, shortly after: admitting at once wins."""
+    trace: list[list[int]] = []
+    for i in range(length // 2):
+        trace.append([2 * i, 2 * i + 1])
+        trace.append([2 * i, 2 * i + 1])
+    return trace
+
+
+@pytest.mark.parametrize("make_trace", [one_use_noise_and_a_hot_set, every_block_used_twice])
+def test_adaptive_follows_whichever_admission_wins(make_trace):
+    trace = make_trace()
+    always = hit_ratio(trace, 30, "lru", "always")
+    doorkeeper = hit_ratio(trace, 30, "lru", "doorkeeper")
+    assert abs(always - doorkeeper) > 0.1  # the two traces pull in opposite directions
+    assert hit_ratio(trace, 30, "lru", "adaptive") >= max(always, doorkeeper) - 0.02
+
+
+def test_lookahead_keeps_what_queued_requests_need():
+    # Capacity 2: [1, 2] is pushed out by [3, 4] unless the queue says it comes back.
+    trace = [[1, 2], [3, 4], [1, 2]]
+    assert replay(trace, Cache(2, "lru")) == 0.0
+    assert replay(trace, Cache(2, "lru"), lookahead=2) == pytest.approx(2 / 6)

@@ -49,6 +49,14 @@ def test_premium_keeps_nvme_across_restarts_in_a_statefulset_and_uses_shared():
     assert plan.worker.kvtier.shared.enabled and plan.worker.kvtier.write_mode == "write-through"
 
 
+def test_admission_policies_come_from_the_tier():
+    assert plan_for().worker.kvtier.dram.admission == "adaptive"  # the default tiers' choice
+    cache = {"dram": {"admission": "doorkeeper"}, "nvme": {"admission": "always"}}
+    custom = resolve(ResolveInput(isvc_body(), tier_body("standard", cache=cache), NS_UID))
+    assert custom.worker.kvtier.dram.admission == "doorkeeper"
+    assert custom.worker.kvtier.nvme.admission == "always"
+
+
 def test_rendered_config_round_trips_through_the_worker_schema():
     plan = plan_for("batch")
     assert WorkerConfig.from_yaml(plan.worker.to_yaml()) == plan.worker

@@ -1,17 +1,18 @@
 """One tier's index: which blocks it holds, in which slot, and which one to evict next.
 
 Pure and tensor-free: the tiers own the bytes, this owns the bookkeeping (capacity in blocks,
-eviction order, pins, retention, hit counts for NVMe admission). The trace simulation drives it
-directly.
+eviction order, admission, pins, blocks expected by queued requests, retention). The trace
+simulation drives it directly.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections import Counter, OrderedDict
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 
 from strata.worker.kvtier import policy
+from strata.worker.kvtier.admission import make_admission
 
 Key = Hashable
 
@@ -23,23 +24,28 @@ class Entry:
     pinned: bool
     last_used: float
     slot: int = -1
-    checksum: int = 0
+    checksum: int | None = None  # of the block's bytes; None until the sidecar took it
+    tick: int = 0  # logical recency, kept when the block is made (un)evictable
 
 
 class TierIndex:
     """Blocks of one tier, at most ``capacity`` of them.
 
+    ``admits`` asks the admission policy whether a block it does not hold may enter;
     ``make_room`` evicts by policy and returns the victims so that the caller can free (or
-    demote) their slots; ``add`` then has room. Pinned blocks are never victims.
+    demote) their slots; ``add`` then has room. Pinned blocks and blocks a queued request
+    expects (``expect``) are never victims, and expected blocks are always admitted.
     """
 
-    def __init__(self, capacity: int, eviction: str) -> None:
+    def __init__(self, capacity: int, eviction: str, admission: str = "always") -> None:
         if capacity < 0:
             raise ValueError(f"capacity: must be >= 0, got {capacity}")
         self.capacity = capacity
         self._order = policy.make_order(eviction)
+        self.admission = make_admission(admission, capacity, eviction)
         self._entries: dict[Key, Entry] = {}
         self._recency: OrderedDict[Key, None] = OrderedDict()  # unpinned, oldest first: retention
+        self._expected: Counter[Key] = Counter()
         self._tick = 0
 
     def __len__(self) -> int:
@@ -60,9 +66,20 @@ class TierIndex:
             return
         entry.last_used = now
         self._tick += 1
+        entry.tick = self._tick
         self._order.touch(key, self._tick)
         if not entry.pinned:
             self._recency.move_to_end(key)
+
+    def record_hit(self, key: Key, parent: Key | None) -> None:
+        """A request asked for this held block (admission counts sightings)."""
+        self.admission.record_hit(key, parent)
+
+    def admits(self, key: Key, parent: Key | None) -> bool:
+        """A request offered (or asked for) this block, which the tier does not hold: may it
+        enter? Counts the sighting either way; blocks a queued request expects always may."""
+        admitted = self.admission.admits(key, parent)
+        return admitted or key in self._expected
 
     def make_room(self, count: int = 1) -> list[tuple[Key, Entry]]:
         """Evict until ``count`` more blocks fit; fewer fit when the rest is pinned."""
@@ -88,9 +105,20 @@ class TierIndex:
             raise OverflowError("tier full: call make_room first")
         self._entries[key] = entry
         self._tick += 1
-        self._order.add(key, entry.parent, entry.priority, self._tick, not entry.pinned)
+        entry.tick = self._tick
+        self._order.add(key, entry.parent, entry.priority, self._tick, self._evictable(key, entry))
         if not entry.pinned:
             self._recency[key] = None
+
+    def _evictable(self, key: Key, entry: Entry) -> bool:
+        return not entry.pinned and key not in self._expected
+
+    def _reorder(self, key: Key) -> None:
+        """Tell the order that a held block's evictability changed (recency kept)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._order.remove(key)
+            self._order.add(key, entry.parent, entry.priority, entry.tick, self._evictable(key, entry))
 
     def remove(self, key: Key) -> Entry:
         entry = self._entries.pop(key)
@@ -99,15 +127,33 @@ class TierIndex:
         return entry
 
     def pin(self, key: Key) -> None:
-        """Make a present block unevictable (re-added so the order forgets it)."""
+        """Make a present block unevictable for good."""
         entry = self._entries.get(key)
         if entry is None or entry.pinned:
             return
-        self.remove(key)
         entry.pinned = True
-        self._entries[key] = entry
-        self._tick += 1
-        self._order.add(key, entry.parent, entry.priority, self._tick, False)
+        self._recency.pop(key, None)
+        self._reorder(key)
+
+    def expect(self, keys: Iterable[Key]) -> None:
+        """A queued request will ask for these blocks: keep them (held now or arriving later)
+        until ``unexpect``. Counted, so two queued requests sharing a prefix both hold it."""
+        for key in keys:
+            self._expected[key] += 1
+            if self._expected[key] == 1:
+                self._reorder(key)
+
+    def unexpect(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            left = self._expected[key] - 1
+            if left > 0:
+                self._expected[key] = left
+                continue
+            self._expected.pop(key, None)
+            self._reorder(key)
+
+    def is_expected(self, key: Key) -> bool:
+        return key in self._expected
 
     def expired(self, now: float, retention_s: float) -> list[Key]:
         """Unpinned blocks unused for longer than ``retention_s`` (oldest first)."""
@@ -115,5 +161,6 @@ class TierIndex:
         for key in self._recency:
             if now - self._entries[key].last_used <= retention_s:
                 break
-            stale.append(key)
+            if key not in self._expected:
+                stale.append(key)
         return stale

@@ -1,9 +1,20 @@
-"""Block-level prefix hit ratio of an eviction policy on a request trace.
+"""Block-level prefix hit ratio of the tiers' policies on a request trace.
 
-Drives :class:`~strata.worker.kvtier.index.TierIndex` (the sidecar's own index and policy code)
-with the hash chains of a Mooncake-style trace, and computes the offline optimum (Belady:
-evict the block whose next use is farthest) for comparison. A request's hits are the longest
-cached prefix of its chain, as in the traces' README; afterwards all its blocks are cached.
+Drives :class:`~strata.worker.kvtier.index.TierIndex` (the sidecar's own index, eviction and
+admission code) with the hash chains of a Mooncake-style trace, request by request as the
+sidecar sees them, and computes the offline optimum (Belady: evict the block whose next use is
+farthest) for comparison. A request's hits are the longest held prefix of its chain, as in the
+traces' README. Pure Python: no sockets, no torch.
+
+Use it for one cache, or one per replica::
+
+    cache = Cache(capacity=5000, eviction="prefix-aware", admission="adaptive")
+    hits = cache.request(chain)          # blocks of the chain's held prefix
+    cache.expect(queued_chain)           # look-ahead: a queued request will ask for these
+    cache.unexpect(queued_chain)         # ... it was scheduled (or left)
+
+``eviction`` is one of :data:`~strata.worker.kvtier.policy.POLICIES`, ``admission`` one of
+:data:`~strata.worker.kvtier.admission.ADMISSIONS`.
 """
 
 from __future__ import annotations
@@ -11,12 +22,13 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 from strata.worker.kvtier.index import Entry, TierIndex
 
 Trace = list[list[int]]
+Chain = Sequence[Hashable]
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -33,32 +45,78 @@ def load_trace(path: str | Path) -> Trace:
     return chains
 
 
-def hit_ratio(trace: Sequence[Sequence[int]], policy_name: str, capacity: int) -> float:
-    """Cached-prefix blocks over all requested blocks, with the named policy."""
-    if policy_name == "optimal":
-        return optimal_hit_ratio(trace, capacity)
-    index = TierIndex(capacity, policy_name)
-    hits = total = 0
-    for now, chain in enumerate(trace):
-        hits += _cached_prefix(index, chain)
-        total += len(chain)
-        parent: int | None = None
-        for key in chain:
+class Cache:
+    """One tier under a trace, doing per request what the sidecar does for the engine's calls:
+    ``get`` of the held prefix (hits), then ``reserve`` of the whole chain (held blocks are
+    touched, the others offered to admission, and the admitted ones stored)."""
+
+    def __init__(self, capacity: int, eviction: str = "prefix-aware", admission: str = "always") -> None:
+        self.index = TierIndex(capacity, eviction, admission)
+        self._now = 0
+
+    def request(self, chain: Chain) -> int:
+        self._now += 1
+        index, now = self.index, self._now
+        hits = cached_prefix(index, chain)
+        for position in range(hits):
+            index.record_hit(chain[position], _parent(chain, position))
+            index.touch(chain[position], now)
+        admitted: list[tuple[Hashable, Hashable | None]] = []
+        for position, key in enumerate(chain):
             if key in index:
                 index.touch(key, now)
-            else:
-                index.make_room()
-                if index.has_room():
-                    index.add(key, Entry(parent=parent, priority=0, pinned=False, last_used=now))
-            parent = key
-    return hits / total if total else 0.0
+            elif index.admits(key, _parent(chain, position)):
+                admitted.append((key, _parent(chain, position)))
+        index.make_room(len(admitted))
+        for key, parent in admitted:
+            if not index.has_room():
+                break
+            index.add(key, Entry(parent=parent, priority=0, pinned=False, last_used=now))
+        return hits
+
+    def expect(self, chain: Chain) -> None:
+        self.index.expect(chain)
+
+    def unexpect(self, chain: Chain) -> None:
+        self.index.unexpect(chain)
 
 
-def _cached_prefix(index: TierIndex, chain: Sequence[int]) -> int:
+def _parent(chain: Chain, position: int) -> Hashable | None:
+    return chain[position - 1] if position else None
+
+
+def cached_prefix(index: TierIndex, chain: Chain) -> int:
     for position, key in enumerate(chain):
         if key not in index:
             return position
     return len(chain)
+
+
+def replay(trace: Sequence[Chain], cache: Cache, lookahead: int = 0) -> float:
+    """Hit ratio of ``cache`` over ``trace`` in arrival order. With ``lookahead`` the next that
+    many requests are queued while one is served: the cache is told what they will ask for."""
+    for chain in trace[1 : lookahead + 1]:
+        cache.expect(chain)
+    hits = total = 0
+    for i, chain in enumerate(trace):
+        hits += cache.request(chain)
+        total += len(chain)
+        if lookahead and i + 1 < len(trace):
+            cache.unexpect(trace[i + 1])  # scheduled next: no longer waiting
+            if i + 1 + lookahead < len(trace):
+                cache.expect(trace[i + 1 + lookahead])
+    return hits / total if total else 0.0
+
+
+def hit_ratio(
+    trace: Sequence[Chain],
+    capacity: int,
+    eviction: str = "lru",
+    admission: str = "always",
+    lookahead: int = 0,
+) -> float:
+    """Cached-prefix blocks over all requested blocks, with the named policies."""
+    return replay(trace, Cache(capacity, eviction, admission), lookahead)
 
 
 def next_uses(trace: Sequence[Sequence[int]]) -> list[list[float]]:

@@ -1,0 +1,114 @@
+"""Admission policies and the look-ahead in the tier index: pure bookkeeping, no bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.worker.kvtier.admission import (
+    Adaptive,
+    Always,
+    Doorkeeper,
+    FrequencySketch,
+    make_admission,
+    stable_hash,
+)
+from strata.worker.kvtier.index import Entry, TierIndex
+from strata.worker.kvtier.simulate import Cache
+
+
+def test_sketch_counts_saturates_and_ages():
+    sketch = FrequencySketch(sample_size=1000)
+    for _ in range(20):
+        sketch.increment("hot")
+    assert sketch.estimate("hot") == 15  # 4-bit counters
+    assert sketch.estimate("cold") == 0
+    sketch.increment("once")
+    for i in range(1000):  # enough other sightings to halve everything once
+        sketch.increment(i)
+    assert sketch.estimate("once") == 0  # a single old sighting is forgotten
+    assert 7 <= sketch.estimate("hot") <= 8
+
+
+def test_sketch_memory_is_bounded_by_its_sample_size():
+    sketch = FrequencySketch(sample_size=1000)
+    assert len(sketch._table) == 4 * 2048
+    for i in range(100_000):
+        sketch.increment(i)
+    assert len(sketch._table) == 4 * 2048
+
+
+def test_stable_hash_is_the_same_in_every_process_and_spreads_small_ints():
+    key = bytes(range(16))
+    assert stable_hash(key) == stable_hash(bytes(range(16)))
+    assert len({stable_hash(i) >> 60 for i in range(64)}) > 8
+
+
+def test_doorkeeper_admits_on_the_second_sighting():
+    gate = Doorkeeper(capacity=100)
+    assert not gate.admits("a", None)
+    assert gate.admits("a", None)
+    gate.record_hit("b", None)  # a hit is a sighting too
+    assert gate.admits("b", None)
+
+
+def test_always_admits_everything():
+    assert Always().admits("anything", None)
+
+
+def test_adaptive_switches_to_the_doorkeeper_when_it_wins():
+    cache = Cache(8, "lru", "adaptive")
+    gate = cache.index.admission
+    assert isinstance(gate, Adaptive) and not gate.using_doorkeeper  # no evidence: admit all
+    for i in range(2000):  # 6 hot blocks, each back after 11 others: LRU of 8 keeps none
+        cache.request([("hot", (i // 2) % 6)] if i % 2 else [("noise", i)])
+    assert gate.using_doorkeeper
+
+
+def test_unknown_admission_is_named():
+    with pytest.raises(ValueError, match="admission: unknown policy 'sometimes'"):
+        make_admission("sometimes", 10, "lru")
+
+
+def entry(parent: object = None) -> Entry:
+    return Entry(parent=parent, priority=0, pinned=False, last_used=0.0)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "prefix-aware"])
+def test_expected_blocks_are_never_evicted_until_unexpected(eviction):
+    index = TierIndex(2, eviction)
+    index.add("queued", entry())
+    index.add("other", entry())
+    index.touch("queued", 1.0)  # LRU would take "other" first anyway: make "queued" oldest
+    index.touch("other", 2.0)
+    index.expect(["queued"])
+    index.expect(["queued"])  # two queued requests share it
+    assert [k for k, _ in index.make_room(2)] == ["other"]
+    index.unexpect(["queued"])
+    assert index.make_room(2) == []  # still expected once
+    index.unexpect(["queued"])
+    assert [k for k, _ in index.make_room(2)] == ["queued"]
+
+
+def test_expected_blocks_are_always_admitted_and_arrive_protected():
+    index = TierIndex(1, "lru", "doorkeeper")
+    assert not index.admits("new", None)  # first sighting
+    index.expect(["later"])
+    assert index.admits("later", None)  # first sighting, but a queued request needs it
+    index.add("later", entry())
+    assert index.make_room(1) == []
+
+
+def test_expected_blocks_do_not_expire():
+    index = TierIndex(2, "lru")
+    index.add("queued", entry())
+    index.expect(["queued"])
+    assert index.expired(now=100.0, retention_s=1.0) == []
+
+
+def test_prefix_aware_keeps_an_expected_parent_a_parent():
+    index = TierIndex(3, "prefix-aware")
+    index.add("head", entry())
+    index.add("tail", entry("head"))
+    index.expect(["tail"])
+    # "tail" is protected, so "head" (its parent) is not a leaf and nothing may go.
+    assert index.make_room(3) == []

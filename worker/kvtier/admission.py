@@ -1,0 +1,199 @@
+"""Admission: whether a block a tier does not hold may enter it (eviction decides what leaves).
+
+Pure and tensor-free, like the eviction orders: the trace simulation runs this very code.
+
+- ``always``: every block offered enters (evicting by the tier's order).
+- ``doorkeeper``: a block enters on its second sighting. Sightings are counted in a bounded,
+  aging frequency sketch (count-min, halved every ``window`` x capacity sightings), so a block
+  seen once long ago is forgotten and memory stays fixed. Most KV blocks are used once (the
+  Mooncake paper: over half are never reused); refusing them keeps room for those that are.
+- ``adaptive``: which of the two wins depends on capacity and load (the doorkeeper wins at
+  small capacities and loses where most blocks come back within the cache's reach). It runs
+  both on shadow tiers (keys only, a hash-sampled share of the blocks, capacity scaled alike)
+  and follows the one whose ghost hits have been higher recently.
+
+A sighting is a request for a block: a hit (``record_hit``) or an offer of a block the tier does
+not hold (``admits``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from strata.worker.kvtier import policy
+
+Key = Hashable
+ADMISSIONS = ("always", "doorkeeper", "adaptive")
+
+MASK64 = (1 << 64) - 1
+COUNTER_MAX = 15  # 4-bit counters, as in TinyLFU: enough to tell once from often
+DOORKEEPER_WINDOW = 16
+SHADOW_BLOCKS = 2048  # shadow tiers are sampled down to about this many blocks
+SCORE_HORIZON = 10  # ghost hits are weighed over about this many times the capacity in sightings
+_HALVE = bytes(v >> 1 for v in range(256))
+
+
+def stable_hash(key: Key) -> int:
+    """64 well-mixed bits, equal in every process (``hash`` of bytes is salted per process, and
+    trace block ids are small consecutive integers)."""
+    if isinstance(key, bytes):
+        value = int.from_bytes(key[:8], "little")
+    elif isinstance(key, int):
+        value = key
+    else:
+        value = hash(key)
+    value = (value * 0x9E3779B97F4A7C15) & MASK64
+    return value ^ (value >> 31)
+
+
+class FrequencySketch:
+    """Count-min sketch of small counters (four rows) that halves them all after
+    ``sample_size`` increments: recent sightings count, old ones fade, and memory is fixed at
+    ``4 x width`` bytes, ``width`` the power of two at or above ``2 x sample_size``."""
+
+    def __init__(self, sample_size: int) -> None:
+        self.sample_size = max(16, sample_size)
+        self._width = 1 << (2 * self.sample_size - 1).bit_length()
+        self._mask = self._width - 1
+        self._table = bytearray(4 * self._width)
+        self._added = 0
+
+    def _slots(self, key: Key) -> tuple[int, int, int, int]:
+        h = stable_hash(key)
+        step, mask, width = (h >> 32) | 1, self._mask, self._width
+        return (
+            h & mask,
+            width + ((h + step) & mask),
+            2 * width + ((h + 2 * step) & mask),
+            3 * width + ((h + 3 * step) & mask),
+        )
+
+    def estimate(self, key: Key) -> int:
+        a, b, c, d = self._slots(key)
+        table = self._table
+        return min(table[a], table[b], table[c], table[d])
+
+    def increment(self, key: Key) -> int:
+        """Count a sighting; returns the estimate before it. Conservative update: only the
+        smallest counters grow, which keeps the estimates tight."""
+        slots = self._slots(key)
+        table = self._table
+        low = min(table[slots[0]], table[slots[1]], table[slots[2]], table[slots[3]])
+        if low < COUNTER_MAX:
+            for i in slots:
+                if table[i] == low:
+                    table[i] = low + 1
+        self._added += 1
+        if self._added >= self.sample_size:
+            self._table = self._table.translate(_HALVE)
+            self._added //= 2
+        return low
+
+
+class Admission(Protocol):
+    def record_hit(self, key: Key, parent: Key | None) -> None:
+        """A requested block the tier holds."""
+        ...
+
+    def admits(self, key: Key, parent: Key | None) -> bool:
+        """A requested block the tier does not hold: may it enter?"""
+        ...
+
+
+class Always:
+    def record_hit(self, key: Key, parent: Key | None) -> None:
+        pass
+
+    def admits(self, key: Key, parent: Key | None) -> bool:
+        return True
+
+
+class Doorkeeper:
+    """Admit a block seen before (within about ``window`` x ``capacity`` sightings)."""
+
+    def __init__(self, capacity: int, window: int = DOORKEEPER_WINDOW) -> None:
+        self.sketch = FrequencySketch(window * max(1, capacity))
+
+    def record_hit(self, key: Key, parent: Key | None) -> None:
+        self.sketch.increment(key)
+
+    def admits(self, key: Key, parent: Key | None) -> bool:
+        return self.sketch.increment(key) > 0
+
+
+class Shadow:
+    """A keys-only tier run under one admission policy, counting its hits (ghost hits)."""
+
+    def __init__(self, capacity: int, eviction: str, admission: Admission) -> None:
+        self.capacity = capacity
+        self.order = policy.make_order(eviction)
+        self.admission = admission
+        self.keys: set[Key] = set()
+        self.hits = 0
+        self._tick = 0
+
+    def access(self, key: Key, parent: Key | None) -> None:
+        self._tick += 1
+        if key in self.keys:
+            self.hits += 1
+            self.admission.record_hit(key, parent)
+            self.order.touch(key, self._tick)
+        elif self.admission.admits(key, parent):
+            if len(self.keys) >= self.capacity:
+                victim = self.order.victim()
+                if victim is None:
+                    return
+                self.order.remove(victim)
+                self.keys.discard(victim)
+            self.keys.add(key)
+            self.order.add(key, parent, 0, self._tick, True)
+
+
+class Adaptive:
+    """Doorkeeper or always, whichever is winning: both run on shadow tiers of a sampled
+    ``1/rate`` of the keys (capacity scaled alike), and the difference of their hits, decayed
+    over about ``SCORE_HORIZON`` x capacity sightings, picks the rule for the real tier. The
+    real tier's doorkeeper counts every sighting either way, so switching is seamless."""
+
+    def __init__(self, capacity: int, eviction: str) -> None:
+        capacity = max(1, capacity)
+        self.rate = max(1, capacity // SHADOW_BLOCKS)
+        shadow_capacity = max(1, capacity // self.rate)
+        self.always = Shadow(shadow_capacity, eviction, Always())
+        self.doorkeeper = Shadow(shadow_capacity, eviction, Doorkeeper(shadow_capacity))
+        self.gate = Doorkeeper(capacity)
+        self.keep = 1.0 - 1.0 / max(1.0, SCORE_HORIZON * shadow_capacity)
+        self.score = 0.0  # > 0: the doorkeeper has been winning
+
+    @property
+    def using_doorkeeper(self) -> bool:
+        return self.score > 0
+
+    def _shadow(self, key: Key, parent: Key | None) -> None:
+        if self.rate > 1 and (stable_hash(key) >> 40) % self.rate:
+            return
+        before = self.doorkeeper.hits - self.always.hits
+        self.always.access(key, parent)
+        self.doorkeeper.access(key, parent)
+        self.score = self.score * self.keep + (self.doorkeeper.hits - self.always.hits - before)
+
+    def record_hit(self, key: Key, parent: Key | None) -> None:
+        self._shadow(key, parent)
+        self.gate.record_hit(key, parent)
+
+    def admits(self, key: Key, parent: Key | None) -> bool:
+        self._shadow(key, parent)
+        seen = self.gate.admits(key, parent)
+        return seen or not self.using_doorkeeper
+
+
+def make_admission(name: str, capacity: int, eviction: str) -> Admission:
+    makers: dict[str, Callable[[], Admission]] = {
+        "always": Always,
+        "doorkeeper": lambda: Doorkeeper(capacity),
+        "adaptive": lambda: Adaptive(capacity, eviction),
+    }
+    if name not in makers:
+        raise ValueError(f"admission: unknown policy {name!r}; expected one of {ADMISSIONS}")
+    return makers[name]()
