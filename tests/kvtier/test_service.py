@@ -6,11 +6,14 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import threading
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
+from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.server import Sidecar
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
 
@@ -65,10 +68,40 @@ def _get(service: KVTierService, numbers: list[int]) -> list[bytes]:
     return data
 
 
-def make(root, **overrides) -> KVTierService:
-    service = KVTierService(kvtier_config(root, **overrides), staging_slots=4)
+def make(root, background_demotion: bool = False, **overrides) -> KVTierService:
+    """A service with 4 staging slots; demotion only when room is needed unless asked."""
+    config = kvtier_config(root, **overrides)
+    service = KVTierService(config, staging_slots=4, background_demotion=background_demotion)
     service.configure(BLOCK)
     return service
+
+
+def test_background_demoter_writes_victims_down_off_the_save_path(root, monkeypatch):
+    writing, disk_free = threading.Event(), threading.Event()
+    real_write = NvmeStore.write
+
+    def slow_disk(store: NvmeStore, batch: Any) -> Any:
+        writing.set()
+        assert disk_free.wait(120), "test never freed the disk"
+        return real_write(store, batch)
+
+    monkeypatch.setattr(NvmeStore, "write", slow_disk)
+    service = make(root, background_demotion=True, dram={"capacity_bytes": 16 * BLOCK, "eviction": "lru"})
+    try:
+        put(service, list(range(14)))  # 2 free slots, under the reserve of 4: the demoter wakes
+        assert writing.wait(120)  # ... and is stuck writing the oldest blocks to a slow disk
+        assert put(service, [100]) == 1  # a save still finds a free slot at once
+        assert service.lookup([key(0), key(100)]) == ["dram", "dram"]  # demoting: still served
+        assert get(service, [0]) == [payload(0)]
+        disk_free.set()
+        deadline = time.monotonic() + 120
+        while service.lookup([key(0)]) != ["nvme"]:
+            assert time.monotonic() < deadline, "the demotion never committed"
+            time.sleep(0.05)
+        assert get(service, [0, 1]) == [payload(0), payload(1)]
+    finally:
+        disk_free.set()
+        service.close()
 
 
 def test_write_back_demotes_dram_victims_to_nvme_and_promotes_on_get(root):

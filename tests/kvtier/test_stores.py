@@ -4,6 +4,7 @@ full disks and damaged files."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 
 import pytest
@@ -36,7 +37,7 @@ def test_nvme_round_trip_and_warm_recovery(root):
     assert sorted(r.slot for r in live.values()) == [0, 1, 2]
     for n, data in enumerate(blocks):
         out = memoryview(bytearray(SLOT))
-        assert again.read([(live[n.to_bytes(16, "big")].slot, out)]) == [True]
+        assert again.read([(live[n.to_bytes(16, "big")].slot, out)]) == [checksum(data)]
         assert bytes(out) == data
     again.close()
 
@@ -132,3 +133,17 @@ def test_unreachable_shared_tier_degrades_to_misses(root):
     assert tier.read_into(key, out) is False
     tier.mark_down(OSError("gone"))
     assert not tier.healthy and not tier.contains(key)
+
+
+def test_page_aligned_slots_move_by_direct_io_bit_exact(root):
+    store = open_store(root)
+    store.recover(persistent=False)
+    slot = memoryview(mmap.mmap(-1, SLOT))  # page-aligned, like the sidecar's slots
+    slot[:] = os.urandom(SLOT)
+    assert store._direct_fd is not None and store._fd_for(slot) == store._direct_fd
+    assert store._fd_for(memoryview(bytearray(100))) != store._direct_fd  # unaligned: page cache
+    store.write([(record(1, 3, bytes(slot)), slot)])
+    back = memoryview(mmap.mmap(-1, SLOT))
+    assert store.read([(3, back)]) == [checksum(slot)]
+    assert bytes(back) == bytes(slot)
+    store.close()

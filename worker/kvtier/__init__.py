@@ -2,8 +2,9 @@
 shareable blocks on a shared filesystem, behind a Unix-socket protocol the engine's
 :class:`~strata.worker.kv_connector.KVConnector` client speaks.
 
-Layers import downward only: ``client`` -> ``protocol``, ``arena``; ``server`` -> ``service``
--> ``movement`` -> ``tiers`` -> (``arena``, ``nvme``, ``shared``, ``index``) -> ``policy``.
-``policy``, ``index`` and ``simulate`` are pure and tensor-free, so the trace benchmark runs
-exactly the policy code the sidecar runs; the sidecar process never loads torch.
+Layers import downward only: ``client`` -> ``protocol``, ``arena``, ``blockcopy``; ``server``
+-> ``service`` -> (``demoter``, ``sealer``) -> ``movement`` -> ``writedown`` -> ``tiers`` ->
+(``arena``, ``nvme``, ``shared``, ``index``) -> (``policy``, ``admission``). ``policy``,
+``admission``, ``index`` and ``simulate`` are pure and tensor-free, so the trace benchmark
+runs exactly the policy code the sidecar runs; the sidecar process never loads torch.
 """

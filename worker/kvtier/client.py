@@ -25,10 +25,12 @@ from strata.worker import kv_connector
 from strata.worker.config import WorkerConfig
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier import protocol
-from strata.worker.kvtier.arena import SlotArena, checksum
+from strata.worker.kvtier.arena import SlotArena
+from strata.worker.kvtier.blockcopy import copy_blocks, flat_bytes
 from strata.worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
+Pair = tuple[torch.Tensor, torch.Tensor]  # (destination, source) of one block copy
 
 
 class SidecarUnavailable(Exception):
@@ -63,6 +65,9 @@ class TierClient:
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvtier-client")
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self.corrupt_blocks = 0
+        # Loaded without a checksum to compare: verified by the sidecar as it read them from a
+        # lower tier, or saved into DRAM moments before (the sidecar had not sealed them yet).
+        self.unverified_blocks = 0
 
     # ---- KVConnector ----
 
@@ -95,6 +100,14 @@ class TierClient:
         if hashes:
             self._safe_call({"op": "prefetch", "keys": [h.hex() for h in hashes]})
 
+    def expect(self, request: str, hashes: Sequence[bytes]) -> None:
+        if hashes:
+            self._safe_call({"op": "expect", "request": request, "keys": [h.hex() for h in hashes]})
+
+    def unexpect(self, requests: Sequence[str]) -> None:
+        if requests:
+            self._safe_call({"op": "unexpect", "requests": list(requests)})
+
     def close(self) -> None:
         with self._lock:
             self._disconnect()
@@ -125,25 +138,20 @@ class TierClient:
     def _load_batch(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
         reply = self._call({"op": "get", "keys": [h.hex() for h in hashes[: len(out)]]})
         slots: list[int] = reply["slots"]
-        corrupt: list[str] = []
+        expected: list[int | None] = reply["checksums"]
         try:
-            intact = list(self._pool.map(self._verify, slots, reply["checksums"]))
-            loaded = intact.index(False) if False in intact else len(intact)
-            if loaded < len(intact):
-                corrupt.append(hashes[loaded].hex())
-            self._copy([(out[i], self._typed(self._raw(slots[i]))) for i in range(loaded)])
+            pairs = [(flat_bytes(out[i]), self._raw(slot)) for i, slot in enumerate(slots)]
+            sums = self._copy(pairs, slots, hashed=True)
         finally:
             self._call({"op": "release", "slots": slots})
-        if corrupt:
+        intact = [want is None or got == want for got, want in zip(sums, expected, strict=True)]
+        self.unverified_blocks += expected.count(None)
+        loaded = intact.index(False) if False in intact else len(intact)
+        if loaded < len(intact):
             self.corrupt_blocks += 1
-            log.warning("kvtier: block %s failed its checksum; recomputing", corrupt[0])
-            self._call({"op": "corrupt", "keys": corrupt})
+            log.warning("kvtier: block %s failed its checksum; recomputing", hashes[loaded].hex())
+            self._call({"op": "corrupt", "keys": [hashes[loaded].hex()]})
         return loaded
-
-    def _verify(self, slot: int, expected: int | None) -> bool:
-        """Check a slot against its checksum (None: the sidecar just verified it)."""
-        assert self._arena is not None
-        return expected is None or self._slot_checksum(slot) == expected
 
     def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and
@@ -157,57 +165,33 @@ class TierClient:
             )
 
     def _save_batch(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
-        reply = self._call({"op": "reserve", "keys": [b.hash.hex() for b in blocks]})
-        taken = [(b, t, s) for b, t, s in zip(blocks, data, reply["slots"], strict=True) if s is not None]
-        slots = [s for _, _, s in taken]
-        sums = self._copy_in([t for _, t, _ in taken], slots)
+        keys = [b.hash.hex() for b in blocks]
+        parents = [b.parent.hex() for b in blocks]
+        reply = self._call({"op": "reserve", "keys": keys, "parents": parents})
+        taken = [i for i, slot in enumerate(reply["slots"]) if slot is not None]
+        slots = [reply["slots"][i] for i in taken]
+        self._copy(
+            [(self._raw(s), flat_bytes(data[i])) for i, s in zip(taken, slots, strict=True)], slots, False
+        )
         message = {
             "op": "put",
-            "keys": [b.hash.hex() for b, _, _ in taken],
-            "parents": [b.parent.hex() for b, _, _ in taken],
+            "keys": [keys[i] for i in taken],
+            "parents": [parents[i] for i in taken],
             "slots": slots,
-            "checksums": sums,
         }
         stored: int = self._call(message)["stored"]
         return stored
 
-    def _copy_in(self, tensors: Sequence[torch.Tensor], slots: Sequence[int]) -> list[int]:
-        """Copy blocks into their slots and checksum what landed there. On the host each block
-        is hashed right after its copy, while its bytes are still in cache."""
-        if any(t.is_cuda for t in tensors):
-            self._copy([(self._typed(self._raw(s)), t) for t, s in zip(tensors, slots, strict=True)])
-            return list(self._pool.map(self._slot_checksum, slots))
-
-        def copy_and_hash(item: tuple[torch.Tensor, int]) -> int:
-            self._typed(self._raw(item[1])).copy_(item[0])
-            return self._slot_checksum(item[1])
-
-        return list(self._pool.map(copy_and_hash, zip(tensors, slots, strict=True)))
-
-    def _slot_checksum(self, slot: int) -> int:
+    def _copy(self, pairs: Sequence[Pair], slots: Sequence[int], hashed: bool) -> list[int]:
+        """Copy the pairs; with ``hashed``, the checksums of the slots (read from) taken along."""
         assert self._arena is not None
-        return checksum(self._arena.view(slot, self.block_bytes))
-
-    def _copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """``dst.copy_(src)`` for each pair, all finished on return (the slots are handed over
-        next). Host copies run on the pool; device copies are queued asynchronously (DMA from
-        the page-locked mapping) and waited for once."""
-        devices = {t.device for pair in pairs for t in pair if t.is_cuda}
-        if not devices:
-            list(self._pool.map(lambda pair: pair[0].copy_(pair[1]), pairs))
-            return
-        for dst, src in pairs:
-            dst.copy_(src, non_blocking=self._page_locked)
-        for device in devices:
-            torch.cuda.synchronize(device)
+        views = [self._arena.view(s, self.block_bytes) for s in slots] if hashed else None
+        return copy_blocks(self._pool, pairs, views, self._page_locked)
 
     def _raw(self, slot: int) -> torch.Tensor:
         assert self._slots is not None and self._arena is not None
         start = slot * self._arena.slot_bytes
         return self._slots[start : start + self.block_bytes]
-
-    def _typed(self, raw: torch.Tensor) -> torch.Tensor:
-        return raw.view(self.dtype).view(self.block_shape)
 
     # ---- connection ----
 

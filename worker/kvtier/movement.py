@@ -1,9 +1,10 @@
-"""How blocks move between the tiers: promotion into DRAM on a lower-tier hit, demotion when
-DRAM or NVMe evicts (write-back), write-down at once (write-through), NVMe admission after
-repeated sightings, and the checksum check on every read from a lower tier.
+"""How blocks move between the tiers: promotion into DRAM on a lower-tier hit (where DRAM
+admission lets them in), DRAM eviction (write-back: demotion, synchronous here when a request
+needs room at once, else by the background demoter), NVMe admission, and the checksum check on
+every read from a lower tier. Writing blocks down is ``writedown``'s job.
 
 Not thread-safe: the service calls it under its lock. The bytes of a batch move on the NVMe
-store's I/O threads and the checksums on ``cpu``'s.
+store's I/O threads, each block hashed right after its read.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.index import Entry
 from strata.worker.kvtier.metrics import TierMetrics
-from strata.worker.kvtier.nvme import Record
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
+from strata.worker.kvtier.writedown import Writer
 
 log = logging.getLogger(__name__)
 
@@ -33,21 +33,23 @@ class Mover:
         config: KVTierConfig,
         metrics: TierMetrics,
         tiers: tuple[DramTier, NvmeTier | None, SharedTier | None],
-        cpu: ThreadPoolExecutor,
         pinned: set[bytes],
     ) -> None:
         self.config = config
         self.metrics = metrics
         self.dram, self.nvme, self.shared = tiers
         self.block_bytes = self.dram.block_bytes
-        self.cpu = cpu
         self.seen: OrderedDict[bytes, int] = OrderedDict()
         self.pinned = pinned  # the service's set: pins may arrive before their blocks
+        self.writer = Writer(config, metrics, tiers, self._nvme_admits)
+        self.demoting: dict[bytes, Entry] = {}  # evicted from DRAM, being written down
 
     def promote_run(self, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool) -> list[Entry]:
-        """Bring the leading blocks of ``keys`` up from a lower tier into DRAM slots (or
-        unindexed staging slots when DRAM has no room): the leading run held by NVMe in one
-        parallel read, else one block from the shared tier. Returns those that arrived intact."""
+        """Bring the leading blocks of ``keys`` up from a lower tier: the leading run held by
+        NVMe in one parallel read, else one block from the shared tier. For a read
+        (``staging_ok``) DRAM admission decides which land in DRAM slots and which only pass
+        through staging slots; a prefetch takes DRAM slots only, unasked. Returns those that
+        arrived intact."""
         dram = self.dram
         nvme = self.nvme
         run = list(itertools.takewhile(lambda k: nvme is not None and k in nvme.index, keys))
@@ -56,7 +58,9 @@ class Mover:
         now = time.time()
         for key in run:  # most recent: the demotions that make room below should not take them
             nvme.index.touch(key, now)  # type: ignore[union-attr]
-        slots = self._promotion_slots(max(1, len(run)), staging_ok)
+        wanted = run or list(keys[:1])
+        admitted = [self._dram_admits(k, p) if staging_ok else True for k, p in _with_parents(wanted, parent)]
+        slots = self._promotion_slots(admitted, staging_ok)
         if not slots:
             return []
         if run:
@@ -78,11 +82,24 @@ class Mover:
         self.publish_usage()
         return entries
 
-    def _promotion_slots(self, count: int, staging_ok: bool) -> list[int]:
+    def _dram_admits(self, key: bytes, parent: bytes | None) -> bool:
+        return bool(self.dram.capacity) and self.dram.index.admits(key, parent)
+
+    def _promotion_slots(self, admitted: Sequence[bool], staging_ok: bool) -> list[int]:
+        """A slot per block in order: a DRAM slot for an admitted one while DRAM gives any,
+        else a staging slot (when allowed); stops at the first block without one."""
         dram = self.dram
-        slots = self.dram_slots(count) if dram.capacity else []
-        while staging_ok and len(slots) < count and (slot := dram.take_slot(staging=True)) is not None:
+        pool = self.dram_slots(sum(admitted)) if any(admitted) else []
+        slots: list[int] = []
+        for ok in admitted:
+            slot = pool.pop(0) if ok and pool else None
+            if slot is None and staging_ok:
+                slot = dram.take_slot(staging=True)
+            if slot is None:
+                break
             slots.append(slot)
+        for slot in pool:
+            dram.give_back(slot)
         return slots
 
     def _read_nvme(self, keys: Sequence[bytes], slots: Sequence[int]) -> list[Entry]:
@@ -90,24 +107,24 @@ class Mover:
         assert self.nvme is not None
         dram = self.dram
         stored = [self.nvme.index.get(k) for k in keys]
-        bufs = [dram.block(s) for s in slots]
+        bufs = [dram.slot(s) for s in slots]
         started = time.perf_counter()
         try:
-            intact = self.nvme.store.read([(e.slot, b) for e, b in zip(stored, bufs, strict=True) if e])
+            sums = self.nvme.store.read([(e.slot, b) for e, b in zip(stored, bufs, strict=True) if e])
         except OSError as err:
             log.warning("nvme: read failed: %s", err)
             self.metrics.errors.labels("nvme").inc()
             return []
-        sums = list(self.cpu.map(checksum, bufs))
         self.metrics.read_seconds.labels("nvme").observe(time.perf_counter() - started)
-        self.metrics.read_bytes.labels("nvme").inc(sum(len(b) for b in bufs))
+        self.metrics.read_bytes.labels("nvme").inc(len(bufs) * self.block_bytes)
         now = time.time()
         entries: list[Entry] = []
-        for key, entry, ok, crc, slot in zip(keys, stored, intact, sums, slots, strict=True):
+        for key, entry, crc, slot in zip(keys, stored, sums, slots, strict=True):
             assert entry is not None
-            if not ok or crc != entry.checksum:
+            if crc != entry.checksum:
                 self._drop_corrupt_nvme(key)
                 break
+            self.nvme.index.record_hit(key, entry.parent)
             self.nvme.index.touch(key, now)
             entries.append(Entry(entry.parent, entry.priority, False, now, slot, entry.checksum))
         return entries
@@ -155,8 +172,26 @@ class Mover:
             if s is not None
         ]
 
-    def _admitted(self, key: bytes) -> bool:
-        return self.seen.get(key, 0) > self.config.nvme.admit_after_hits
+    def detach_victims(self, count: int) -> list[tuple[bytes, Entry]]:
+        """Evict up to ``count`` DRAM blocks for a background demotion: they leave the index
+        but keep their slots, and stay readable, until ``finish_demotion``."""
+        victims = [(k, e) for k, e in self.dram.index.evict(count) if isinstance(k, bytes)]
+        self.metrics.evictions.labels("dram").inc(len(victims))
+        self.demoting.update(victims)
+        return victims
+
+    def finish_demotion(self, victims: Sequence[tuple[bytes, Entry]]) -> None:
+        for key, entry in victims:
+            self.demoting.pop(key, None)
+            self.dram.give_back(entry.slot)
+        self.publish_usage()
+
+    def _nvme_admits(self, key: bytes, entry: Entry) -> bool:
+        """The NVMe tier's admission policy (which counts the sighting) and, for SSD wear,
+        at least ``admit_after_hits`` earlier sightings."""
+        assert self.nvme is not None
+        admitted = self.nvme.index.admits(key, entry.parent)
+        return admitted and self.seen.get(key, 0) > self.config.nvme.admit_after_hits
 
     def saw(self, key: bytes) -> None:
         self.seen[key] = self.seen.pop(key, 0) + 1
@@ -164,99 +199,7 @@ class Mover:
             self.seen.popitem(last=False)
 
     def write_down(self, blocks: Sequence[tuple[bytes, Entry]], demoting: bool) -> None:
-        """Store blocks (their bytes in DRAM or staging slots) in NVMe when admitted, and in the
-        shared tier when it is on and the block did not go to NVMe (write-back) or always
-        (write-through, so that other workers see it at once)."""
-        to_nvme = [
-            (k, e)
-            for k, e in blocks
-            if self.nvme is not None and k not in self.nvme.index and self._admitted(k)
-        ]
-        self._write_nvme(to_nvme, demoting)
-        if self.shared is None:
-            return
-        nvme_keys = {k for k, _ in to_nvme}
-        through = self.config.write_mode == "write-through"
-        to_shared = [
-            (k, e) for k, e in blocks if (through or k not in nvme_keys) and k not in self.shared.index
-        ]
-        for key, entry in to_shared:
-            self._write_shared(key, entry, self.dram.block(entry.slot), demoting)
-
-    def _write_nvme(self, blocks: Sequence[tuple[bytes, Entry]], demoting: bool) -> None:
-        nvme, dram = self.nvme, self.dram
-        if nvme is None or not blocks:
-            return
-        victims = nvme.index.make_room(len(blocks))
-        self._evict_nvme(victims)
-        batch: list[tuple[Record, memoryview]] = []
-        for key, entry in blocks:
-            slot = nvme.take_slot()
-            if slot is None:
-                break
-            record = Record(key, _parent_bytes(entry), slot, entry.priority, entry.checksum)
-            batch.append((record, dram.block(entry.slot)))
-        started = time.perf_counter()
-        try:
-            nvme.store.write(batch)
-        except OSError as err:  # ENOSPC or a failing disk: refuse these blocks, keep serving
-            log.warning("nvme: write of %d blocks failed, not stored: %s", len(batch), err)
-            self.metrics.errors.labels("nvme").inc()
-            for record, _ in batch:
-                nvme.give_back(record.slot)
-            return
-        self.metrics.write_seconds.labels("nvme").observe(time.perf_counter() - started)
-        self.metrics.written_bytes.labels("nvme").inc(len(batch) * self.block_bytes)
-        if demoting:
-            self.metrics.demotions.labels("nvme").inc(len(batch))
-        now = time.time()
-        for record, _ in batch:
-            entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
-            nvme.index.add(record.key, entry)
-        nvme.store.compact_if_needed(nvme.records())
-        self.publish_usage()
-
-    def _evict_nvme(self, victims: Sequence[tuple[object, Entry]]) -> None:
-        nvme = self.nvme
-        if nvme is None or not victims:
-            return
-        self.metrics.evictions.labels("nvme").inc(len(victims))
-        keys = [k for k, _ in victims if isinstance(k, bytes)]
-        if self.shared is not None and self.config.write_mode == "write-back":
-            scratch = memoryview(bytearray(self.block_bytes))
-            for key, entry in victims:
-                if isinstance(key, bytes) and key not in self.shared.index:
-                    (intact,) = nvme.store.read([(entry.slot, scratch)])
-                    if intact and checksum(scratch) == entry.checksum:
-                        self._write_shared(key, entry, scratch, demoting=True)
-        nvme.store.forget(keys)
-        for _, entry in victims:
-            nvme.give_back(entry.slot)
-
-    def _write_shared(self, key: bytes, entry: Entry, data: memoryview, demoting: bool) -> None:
-        shared = self.shared
-        if shared is None or not shared.healthy:
-            return
-        for victim, _ in shared.index.make_room(1):
-            self.metrics.evictions.labels("shared").inc()
-            try:
-                shared.store.delete(victim)  # type: ignore[arg-type]
-            except OSError as err:
-                shared.mark_down(err)
-                return
-        started = time.perf_counter()
-        try:
-            shared.store.write(key, _parent_bytes(entry), entry.priority, data)
-        except OSError as err:
-            self.metrics.errors.labels("shared").inc()
-            shared.mark_down(err)
-            return
-        self.metrics.write_seconds.labels("shared").observe(time.perf_counter() - started)
-        self.metrics.written_bytes.labels("shared").inc(len(data))
-        if demoting:
-            self.metrics.demotions.labels("shared").inc()
-        if shared.index.has_room():
-            shared.index.add(key, Entry(entry.parent, entry.priority, False, time.time()))
+        self.writer.write_down(blocks, demoting)
 
     def publish_usage(self) -> None:
         for name, tier in (("dram", self.dram), ("nvme", self.nvme), ("shared", self.shared)):
@@ -271,5 +214,5 @@ class Mover:
         self.nvme.store.forget(keys)
 
 
-def _parent_bytes(entry: Entry) -> bytes:
-    return entry.parent if isinstance(entry.parent, bytes) else b"\0" * 16
+def _with_parents(keys: Sequence[bytes], parent: bytes | None) -> list[tuple[bytes, bytes | None]]:
+    return list(zip(keys, [parent, *keys[:-1]], strict=True))

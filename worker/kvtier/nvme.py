@@ -6,20 +6,30 @@ record is appended and the log ``fsync``-ed; only then is the block *committed*.
 at most uncommitted blocks. A record whose slot was later overwritten without a committed
 record is caught by the block checksum on read, so a torn block is never served. Each record
 carries its own crc32, so a torn tail of the log is cut off on replay.
+
+Block data moves with ``O_DIRECT`` where the file system allows it and the buffer is page
+aligned (the sidecar's slots are): the device reads and writes the shared-memory slot itself,
+with no copy through the page cache (which would also hold a second, useless copy of blocks
+DRAM already caches). Other buffers go through the page cache.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import errno
 import json
 import logging
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from strata.worker.kvtier.arena import PAGE, checksum
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +46,16 @@ class Record:
     parent: bytes
     slot: int
     priority: int
-    checksum: int
+    checksum: int | None  # None only before ``write``, which takes it from the bytes
+
+
+def _sum(record: Record) -> int:
+    assert record.checksum is not None, "records are written with their checksum"
+    return record.checksum
 
 
 def encode(op: int, record: Record) -> bytes:
-    body = _RECORD.pack(op, record.key, record.parent, record.slot, record.priority, record.checksum)
+    body = _RECORD.pack(op, record.key, record.parent, record.slot, record.priority, _sum(record))
     return body + _CRC.pack(zlib.crc32(body))
 
 
@@ -85,9 +100,11 @@ class NvmeStore:
         self._meta_path = self.directory / "meta.json"
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="kvtier-nvme")
         self._data_fd = os.open(self._data_path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._direct_fd = _open_direct(self._data_path)
         self.num_slots = self._preallocate(num_slots)
         self._log_fd = os.open(self._log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         self._log_records = 0
+        self._log_lock = threading.Lock()  # appends (a demotion commits without the service's lock)
 
     def _preallocate(self, num_slots: int) -> int:
         """Reserve the data file's blocks now, so a full disk shows up at start as a smaller
@@ -139,52 +156,92 @@ class NvmeStore:
         self._log_records = count
 
     def compact_if_needed(self, live: Sequence[Record]) -> None:
-        if self._log_records > 4 * len(live) + 4096:
-            self._rewrite_log(live)
+        with self._log_lock:
+            if self._log_records > 4 * len(live) + 4096:
+                self._rewrite_log(live)
 
-    def write(self, batch: Sequence[tuple[Record, memoryview]]) -> None:
-        """Write each block to its slot, then commit their records. Raises OSError (e.g.
-        ENOSPC) before anything is committed if a write fails."""
+    def write(self, batch: Sequence[tuple[Record, memoryview]]) -> list[Record]:
+        """Write each block to its slot, then commit their records; returns the records, with
+        the checksums taken here where they had none (each I/O thread hashes its block just
+        before writing it, while the others' writes are in flight). Raises OSError (e.g.
+        ENOSPC) before anything is committed if a write fails. A buffer may be the whole slot
+        (page-aligned: written directly) or just the block."""
         if not batch:
-            return
-        list(self._pool.map(lambda item: self._pwrite(item[0].slot, item[1]), batch))
-        os.fdatasync(self._data_fd)
-        os.write(self._log_fd, b"".join(encode(OP_PUT, record) for record, _ in batch))
-        os.fsync(self._log_fd)
-        self._log_records += len(batch)
+            return []
+        records = list(self._pool.map(lambda item: self._pwrite(*item), batch))
+        os.fdatasync(self._data_fd)  # also the extent conversions of direct writes
+        with self._log_lock:
+            os.write(self._log_fd, b"".join(encode(OP_PUT, record) for record in records))
+            os.fsync(self._log_fd)
+            self._log_records += len(records)
+        return records
 
-    def _pwrite(self, slot: int, data: memoryview) -> None:
-        offset = slot * self.slot_bytes
+    def _pwrite(self, record: Record, data: memoryview) -> Record:
+        if record.checksum is None:
+            record = dataclasses.replace(record, checksum=checksum(data[: self.block_bytes]))
+        fd = self._fd_for(data)
+        offset = record.slot * self.slot_bytes
         written = 0
         while written < len(data):
-            written += os.pwritev(self._data_fd, [data[written:]], offset + written)
+            written += os.pwritev(fd, [data[written:]], offset + written)
+        return record
+
+    def _fd_for(self, buffer: memoryview) -> int:
+        if self._direct_fd is not None and _page_aligned(buffer) and len(buffer) <= self.slot_bytes:
+            return self._direct_fd
+        return self._data_fd
 
     def forget(self, keys: Sequence[bytes]) -> None:
         """Record evictions. Not fsync-ed: a lost delete only resurrects a block whose slot
         either still holds it or fails its checksum."""
         if keys:
             zero = b"\0" * 16
-            os.write(self._log_fd, b"".join(encode(OP_DEL, Record(k, zero, 0, 0, 0)) for k in keys))
-            self._log_records += len(keys)
+            with self._log_lock:
+                os.write(self._log_fd, b"".join(encode(OP_DEL, Record(k, zero, 0, 0, 0)) for k in keys))
+                self._log_records += len(keys)
 
-    def read(self, requests: Sequence[tuple[int, memoryview]]) -> list[bool]:
-        """Read slot ``s`` into each buffer, in parallel; False where the read came up short."""
-        return list(self._pool.map(lambda item: self._pread(item[0], item[1]), requests))
+    def read(self, requests: Sequence[tuple[int, memoryview]]) -> list[int | None]:
+        """Read slot ``s`` into each buffer, in parallel, and hash each block right after its
+        read (one pass over fresh data per thread); the checksums, None where a read came up
+        short."""
+        return list(self._pool.map(lambda item: self._read_hashed(item[0], item[1]), requests))
 
-    def _pread(self, slot: int, out: memoryview) -> bool:
+    def _read_hashed(self, slot: int, out: memoryview) -> int | None:
+        fd = self._fd_for(out)
         offset = slot * self.slot_bytes
         done = 0
         while done < len(out):
-            n = os.preadv(self._data_fd, [out[done:]], offset + done)
+            n = os.preadv(fd, [out[done:]], offset + done)
             if n == 0:
-                return False
+                return None
             done += n
-        return True
+        return checksum(out[: self.block_bytes])
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         os.close(self._data_fd)
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
         os.close(self._log_fd)
+
+
+def _open_direct(path: Path) -> int | None:
+    """A second descriptor with ``O_DIRECT``, or None where the file system refuses it
+    (tmpfs, some overlays)."""
+    try:
+        return os.open(path, os.O_RDWR | getattr(os, "O_DIRECT", 0))
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        log.info("nvme: %s does not take O_DIRECT; block I/O goes through the page cache", path)
+        return None
+
+
+def _page_aligned(buffer: memoryview) -> bool:
+    """Direct I/O needs the address and length in whole pages."""
+    if buffer.readonly or len(buffer) % PAGE or not buffer.contiguous:
+        return False
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % PAGE == 0
 
 
 def _fsync_dir(path: Path) -> None:

@@ -68,7 +68,9 @@ def _release(service: KVTierService, owner: Owner, request: Message) -> dict[str
 
 
 def _reserve(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
-    return {"slots": service.reserve(owner, protocol.keys_from(request))}
+    keys = protocol.keys_from(request)
+    parents = protocol.keys_from(request, "parents") if "parents" in request else None
+    return {"slots": service.reserve(owner, keys, parents)}
 
 
 def _put(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
@@ -87,6 +89,26 @@ def _put(service: KVTierService, owner: Owner, request: Message) -> dict[str, An
 def _prefetch(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
     service.prefetch(protocol.keys_from(request))
     return {}
+
+
+def _expect(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    service.expect(owner, _name(request, "request"), protocol.keys_from(request))
+    return {}
+
+
+def _unexpect(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    names = request.get("requests")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError("requests: expected a list of request ids (strings)")
+    service.unexpect(owner, names)
+    return {}
+
+
+def _name(request: Message, field: str) -> str:
+    value = request.get(field)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{field}: expected a non-empty string")
+    return value
 
 
 def _pin(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
@@ -118,6 +140,8 @@ _HANDLERS: dict[str, Callable[[KVTierService, Owner, Message], dict[str, Any]]] 
     "reserve": _reserve,
     "put": _put,
     "prefetch": _prefetch,
+    "expect": _expect,
+    "unexpect": _unexpect,
     "pin": _pin,
     "corrupt": _corrupt,
     "stats": _stats,

@@ -18,11 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from strata.worker.config import KVTierConfig
-from strata.worker.kvtier.arena import SlotArena, checksum, slot_bytes_for
-from strata.worker.kvtier.index import Entry
+from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
+from strata.worker.kvtier.demoter import Demoter
+from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.metrics import TierMetrics
 from strata.worker.kvtier.movement import Mover
 from strata.worker.kvtier.nvme import NvmeStore
+from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 
@@ -34,7 +36,7 @@ class PutBlock:
     key: bytes
     parent: bytes
     slot: int
-    checksum: int | None = None  # taken by the client from the slot; None: the sidecar takes it
+    checksum: int | None = None  # the client's, of the slot's bytes; None: taken in the background
 
 
 @dataclass
@@ -44,16 +46,23 @@ class Owner:
 
     leases: list[int] = field(default_factory=list)
     reserved: set[int] = field(default_factory=set)
+    expected: OrderedDict[str, list[bytes]] = field(default_factory=OrderedDict)  # queued requests
 
 
 PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
+MAX_EXPECTED = 256  # queued requests a connection may announce; the oldest are forgotten first
 
 
 class KVTierService:
     def __init__(
-        self, config: KVTierConfig, metrics: TierMetrics | None = None, staging_slots: int = 64
+        self,
+        config: KVTierConfig,
+        metrics: TierMetrics | None = None,
+        staging_slots: int = 64,
+        background_demotion: bool = True,
     ) -> None:
         self.config = config
+        self.background_demotion = background_demotion  # off: demotion only when room is needed
         self.metrics = metrics or TierMetrics()
         self.staging_slots = staging_slots
         self.block_bytes = 0
@@ -63,13 +72,14 @@ class KVTierService:
         self.shared: SharedTier | None = None
         self._lock = threading.RLock()
         self._mover: Mover | None = None
+        self._demoter: Demoter | None = None  # write-back with a lower tier: keeps DRAM slots free
+        self._sealer: Sealer | None = None  # checksums of saved DRAM blocks, off the engine's path
         self._pinned: set[bytes] = set()  # shared with the mover; pins may precede a block
         # Blocks a prefetch promoted to DRAM, by the tier they came from: a lookup reports that
         # tier, so per-tier hit metrics credit NVMe/shared even when the prefetch won the race.
         self._prefetched_from: OrderedDict[bytes, str] = OrderedDict()
         self._background = ThreadPoolExecutor(1, thread_name_prefix="kvtier-prefetch")
         # Checksums of a batch in parallel (the hash releases the GIL on large buffers).
-        self._cpu = ThreadPoolExecutor(config.nvme.io_threads, thread_name_prefix="kvtier-checksum")
 
     # ---- set-up ----
 
@@ -97,16 +107,21 @@ class KVTierService:
         self.block_bytes, self.slot_bytes = block_bytes, slot_bytes_for(block_bytes)
         dram_slots = cfg.dram.capacity_bytes // self.slot_bytes
         arena = SlotArena(cfg.dram.shm_path, self.slot_bytes, dram_slots + self.staging_slots, create=True)
-        self.dram = DramTier(arena, dram_slots, cfg.dram.eviction, block_bytes)
+        self.dram = DramTier(arena, dram_slots, block_bytes, cfg.dram.eviction, cfg.dram.admission)
         nvme_slots = cfg.nvme.capacity_bytes // self.slot_bytes
         if nvme_slots:
             store = NvmeStore(cfg.nvme.path, self.slot_bytes, block_bytes, nvme_slots, cfg.nvme.io_threads)
-            self.nvme = NvmeTier(store, cfg.nvme.eviction, cfg.nvme.persistent)
+            self.nvme = NvmeTier(store, cfg.nvme.persistent, cfg.nvme.eviction, cfg.nvme.admission)
         if cfg.shared.enabled:
             self.shared = SharedTier(
                 FilesystemBlockStore(cfg.shared.path), cfg.shared.capacity_bytes // block_bytes
             )
-        self._mover = Mover(cfg, self.metrics, (self.dram, self.nvme, self.shared), self._cpu, self._pinned)
+        self._mover = Mover(cfg, self.metrics, (self.dram, self.nvme, self.shared), self._pinned)
+        if dram_slots:
+            self._sealer = Sealer(self._lock, self.dram)
+        lower = self.nvme is not None or self.shared is not None
+        if self.background_demotion and cfg.write_mode == "write-back" and dram_slots and lower:
+            self._demoter = Demoter(self._lock, self._mover, self.staging_slots)
         self._publish_capacity()
         log.info("kvtier: dram %d, nvme %d slots of %d bytes", dram_slots, nvme_slots, self.slot_bytes)
 
@@ -119,6 +134,10 @@ class KVTierService:
         ):
             m.capacity_bytes.labels(name).set(tier_capacity * self.block_bytes)
         self._require().publish_usage()
+
+    def _poke_demoter(self) -> None:
+        if self._demoter is not None:
+            self._demoter.poke()
 
     def _require(self) -> Mover:
         if self._mover is None:
@@ -139,7 +158,7 @@ class KVTierService:
 
     def _where(self, key: bytes) -> str | None:
         m = self.metrics
-        if self.dram is not None and key in self.dram.index:
+        if self.dram is not None and (key in self.dram.index or key in self._require().demoting):
             tier = self._prefetched_from.pop(key, "dram")
             m.hits.labels(tier).inc()
             return tier
@@ -169,13 +188,15 @@ class KVTierService:
                 mover.saw(key)
             i = 0
             while i < len(keys):
-                entry = dram.index.get(keys[i])
+                parent = keys[i - 1] if i else None
+                entry = dram.index.get(keys[i]) or mover.demoting.get(keys[i])
                 fresh = entry is None
                 if entry is not None:
-                    dram.index.touch(keys[i], now)
+                    dram.index.record_hit(keys[i], parent)
+                    dram.index.touch(keys[i], now)  # no-op for a demoting block
                     entries = [entry]
                 else:
-                    entries = mover.promote_run(keys[i:], keys[i - 1] if i else None, staging_ok=True)
+                    entries = mover.promote_run(keys[i:], parent, staging_ok=True)
                 for entry in entries:
                     dram.lease(entry.slot)
                     owner.leases.append(entry.slot)
@@ -185,6 +206,7 @@ class KVTierService:
                 if not entries:
                     break
                 i += len(entries)
+            self._poke_demoter()
         if self.config.write_mode == "write-through" and self.nvme is not None and out:
             self._background.submit(self._write_through_admitted, list(keys[: len(out)]))
         return out
@@ -204,23 +226,34 @@ class KVTierService:
 
     # ---- reserve / put: the engine writes blocks into slots ----
 
-    def reserve(self, owner: Owner, keys: Sequence[bytes]) -> list[int | None]:
-        """A slot per key to copy the block into, or None where the tiers already hold it
-        (or cannot take it). Reserved slots belong to ``owner`` until ``put``."""
+    def reserve(
+        self, owner: Owner, keys: Sequence[bytes], parents: Sequence[bytes | None] | None = None
+    ) -> list[int | None]:
+        """A slot per key to copy the block into, or None where the tiers already hold it (or
+        none would take it). A block DRAM admits gets a DRAM slot; one it refuses gets a
+        staging slot when a lower tier may store it. Reserved slots belong to ``owner`` until
+        ``put``."""
+        parents = parents if parents is not None else [None] * len(keys)
+        if len(parents) != len(keys):
+            raise ValueError("parents: must have one entry per key")
         with self._lock:
             mover = self._require()
             dram = mover.dram
             now = time.time()
-            wanted: list[bytes] = []
-            for key in keys:
+            to_dram: list[bytes] = []
+            to_staging: set[bytes] = set()
+            for key, parent in zip(keys, parents, strict=True):
                 mover.saw(key)
-                if key in dram.index:
+                if key in dram.index or key in mover.demoting:
                     dram.index.touch(key, now)
-                elif not (self.nvme is not None and key in self.nvme.index and dram.capacity == 0):
-                    wanted.append(key)
-            unique = list(dict.fromkeys(wanted))
-            slots = mover.dram_slots(len(unique)) if dram.capacity else []
-            given = {k: (slots[i] if i < len(slots) else None) for i, k in enumerate(unique)}
+                elif dram.capacity and key not in to_dram and dram.index.admits(key, parent):
+                    to_dram.append(key)
+                elif self._lower_tier_takes(key):
+                    to_staging.add(key)
+            slots = mover.dram_slots(len(to_dram)) if to_dram else []
+            self._poke_demoter()
+            given: dict[bytes, int | None] = dict(zip(to_dram, slots, strict=False))
+            given |= {key: None for key in [*to_dram[len(slots) :], *to_staging]}
             return [self._assign(owner, key, given) for key in keys]
 
     def _assign(self, owner: Owner, key: bytes, given: dict[bytes, int | None]) -> int | None:
@@ -233,6 +266,11 @@ class KVTierService:
             owner.reserved.add(slot)
         return slot
 
+    def _lower_tier_takes(self, key: bytes) -> bool:
+        if self.nvme is not None and key not in self.nvme.index:
+            return True
+        return self.shared is not None and key not in self.shared.index
+
     def put(self, owner: Owner, blocks: Sequence[PutBlock]) -> int:
         """Commit blocks the engine copied into its reserved slots; returns how many were kept.
         Checksums are of the bytes in the slots: the client's (hashed right after its copy,
@@ -244,19 +282,19 @@ class KVTierService:
             now = time.time()
             stored: list[tuple[bytes, Entry]] = []
             staged: list[tuple[bytes, Entry]] = []
-            mine = [b.slot for b in blocks if b.slot in owner.reserved and b.checksum is None]
-            sums = dict(zip(mine, self._cpu.map(lambda s: checksum(dram.block(s)), mine), strict=True))
             for block in blocks:
                 if block.slot not in owner.reserved:
                     raise ValueError(f"blocks: slot {block.slot} is not reserved by this connection")
                 owner.reserved.discard(block.slot)
                 entry = Entry(block.parent, self.config.priority, block.key in self._pinned, now, block.slot)
-                entry.checksum = sums[block.slot] if block.checksum is None else block.checksum
+                entry.checksum = block.checksum
                 if dram.is_staging(block.slot) or block.key in dram.index:
                     staged.append((block.key, entry))
                     continue
                 dram.index.add(block.key, entry)
                 stored.append((block.key, entry))
+            if self._sealer is not None:
+                self._sealer.add(k for k, e in stored if e.checksum is None)
             self.metrics.written_bytes.labels("dram").inc(len(stored) * self.block_bytes)
             self.metrics.write_seconds.labels("dram").observe(time.perf_counter() - started)
             if self.config.write_mode == "write-through":
@@ -286,6 +324,7 @@ class KVTierService:
                 self.dram.unlease(slot)
             for slot in owner.reserved:
                 self.dram.give_back(slot)
+            self._forget_expected(owner, list(owner.expected))
             owner.leases.clear()
             owner.reserved.clear()
 
@@ -313,12 +352,13 @@ class KVTierService:
                 mover = self._require()
                 parent: bytes | None = None
                 for key in keys:
-                    if key not in mover.dram.index:
+                    if key not in mover.dram.index and key not in mover.demoting:
                         origin = "nvme" if self.nvme is not None and key in self.nvme.index else "shared"
                         if not mover.promote_run([key], parent, staging_ok=False):
                             break
                         self._remember_prefetch(key, origin)
                     parent = key
+                self._poke_demoter()
         except Exception:  # a hint must never take the sidecar down
             log.exception("kvtier: prefetch failed")
 
@@ -326,6 +366,35 @@ class KVTierService:
         self._prefetched_from[key] = origin
         while len(self._prefetched_from) > PREFETCH_MEMORY:
             self._prefetched_from.popitem(last=False)  # prefetched but never asked for
+
+    def expect(self, owner: Owner, request: str, keys: Sequence[bytes]) -> None:
+        """Look-ahead: a request queued at the engine will load these blocks. They are kept
+        (never evicted, always admitted) until ``unexpect`` or the connection ends, and are
+        moved up to DRAM now."""
+        with self._lock:
+            self._require()
+            self._forget_expected(owner, [request])
+            owner.expected[request] = list(keys)
+            for index in self._indexes():
+                index.expect(keys)
+            while len(owner.expected) > MAX_EXPECTED:
+                self._forget_expected(owner, [next(iter(owner.expected))])
+        self.prefetch(keys)
+
+    def unexpect(self, owner: Owner, requests: Sequence[str]) -> None:
+        """Those queued requests were scheduled (their loads follow) or left."""
+        with self._lock:
+            self._forget_expected(owner, requests)
+
+    def _forget_expected(self, owner: Owner, requests: Sequence[str]) -> None:
+        for request in requests:
+            keys = owner.expected.pop(request, None)
+            if keys is not None:
+                for index in self._indexes():
+                    index.unexpect(keys)
+
+    def _indexes(self) -> list[TierIndex]:
+        return [tier.index for tier in (self.dram, self.nvme) if tier is not None]
 
     def pin(self, keys: Sequence[bytes]) -> None:
         """Keep these blocks resident in DRAM from now on (also ones that arrive later)."""
@@ -357,18 +426,34 @@ class KVTierService:
             mover.publish_usage()
         return dropped
 
+    def wait_sealed(self, timeout: float) -> bool:
+        """Until every DRAM block saved so far has its checksum (tests and benchmarks)."""
+        return self._sealer is None or self._sealer.wait_idle(timeout)
+
     def stats(self) -> dict[str, object]:
         with self._lock:
             tiers: dict[str, object] = {}
             for name, tier in (("dram", self.dram), ("nvme", self.nvme), ("shared", self.shared)):
                 if tier is not None:
                     tiers[name] = {"blocks": len(tier.index), "capacity_blocks": tier.index.capacity}
-            return {"block_bytes": self.block_bytes, "tiers": tiers, "pinned": len(self._pinned)}
+            unsealed = (
+                sum(1 for k in self.dram.index if (e := self.dram.index.get(k)) and e.checksum is None)
+                if self.dram
+                else 0
+            )
+            return {
+                "block_bytes": self.block_bytes,
+                "tiers": tiers,
+                "pinned": len(self._pinned),
+                "unsealed": unsealed,
+            }
 
     def close(self) -> None:
         """Stop serving: later requests get "not configured" errors, never a closed file."""
+        for worker in (self._demoter, self._sealer):
+            if worker is not None:
+                worker.stop()
         self._background.shutdown(wait=True)
-        self._cpu.shutdown(wait=True)
         with self._lock:
             if self.nvme is not None:
                 self.nvme.store.close()

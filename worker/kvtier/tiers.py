@@ -24,11 +24,13 @@ class DramTier:
     blocks to and from the lower tiers when DRAM is full or disabled. A leased slot (the engine
     is copying out of it) is not reused until released, even if its block was evicted."""
 
-    def __init__(self, arena: SlotArena, capacity: int, eviction: str, block_bytes: int) -> None:
+    def __init__(
+        self, arena: SlotArena, capacity: int, block_bytes: int, eviction: str, admission: str = "always"
+    ) -> None:
         self.arena = arena
         self.block_bytes = block_bytes
         self.capacity = capacity
-        self.index = TierIndex(capacity, eviction)
+        self.index = TierIndex(capacity, eviction, admission)
         self._free = list(range(capacity - 1, -1, -1))
         self._staging = list(range(arena.num_slots - 1, capacity - 1, -1))
         self._leases: Counter[int] = Counter()
@@ -40,6 +42,10 @@ class DramTier:
 
     def free_slots(self) -> int:
         return len(self._free)
+
+    def returning_slots(self) -> int:
+        """Slots freed while leased: free again once their readers release them."""
+        return len(self._deferred)
 
     def give_back(self, slot: int) -> None:
         if self._leases[slot]:
@@ -66,13 +72,17 @@ class DramTier:
     def block(self, slot: int) -> memoryview:
         return self.arena.view(slot, self.block_bytes)
 
+    def slot(self, slot: int) -> memoryview:
+        """The whole page-aligned slot (the block and its padding), as direct I/O wants it."""
+        return self.arena.view(slot)
+
 
 class NvmeTier:
     """Blocks in the slots of a preallocated file, indexed in memory and in the store's log."""
 
-    def __init__(self, store: NvmeStore, eviction: str, persistent: bool) -> None:
+    def __init__(self, store: NvmeStore, persistent: bool, eviction: str, admission: str = "always") -> None:
         self.store = store
-        self.index = TierIndex(store.num_slots, eviction)
+        self.index = TierIndex(store.num_slots, eviction, admission)
         recovered = store.recover(persistent)
         used = set()
         now = time.time()

@@ -1,0 +1,160 @@
+"""Tier bandwidth next to what the machine does without the tiers, measured interleaved: every
+repeat runs each pass once (plain copy, DRAM put and get, plain and direct file writes and
+reads, NVMe put and get) and each keeps its best, so that load from other jobs on a shared
+machine hits all of them alike.
+
+- DRAM put/get through the sidecar process vs a plain copy of the same 2 MiB blocks with as
+  many threads as the client copies on (4). A get reads the chain put a repeat earlier, which
+  the sidecar has sealed (checksummed) since: every block read is verified. DRAM holds two
+  chains: the one read and the one put.
+- NVMe write/read through the sidecar (DRAM off, so every block goes to disk and back) vs
+  plain file I/O of the same blocks on the same disk with the same block size and queue depth
+  (the NVMe tier's 4 I/O threads, one 2 MiB pwrite/pread each): buffered (the page cache, as a
+  plain program does it) and direct (``O_DIRECT``, what the device does). Writes end with an
+  fsync; reads start with the file's pages dropped from the page cache.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import torch
+
+from bench.kvtier_sidecar import config, drop_page_cache, refs, sidecar
+from strata.worker.kvtier.client import TierClient
+
+BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
+DTYPE = torch.bfloat16
+NUM_BLOCKS = 96  # 192 MiB per pass
+REPEATS = 7
+THREADS = 4  # the client's copy threads, and the NVMe tier's I/O threads (io_threads)
+
+Pass = Callable[[int], object]  # one pass over all blocks, in repeat r
+
+
+def interleaved(nbytes: int, passes: dict[str, Pass], repeats: int = REPEATS) -> dict[str, float]:
+    """GB/s of each pass, best of ``repeats``, the passes taking turns."""
+    best = dict.fromkeys(passes, float("inf"))
+    for repeat in range(repeats):
+        for name, run in passes.items():
+            started = time.perf_counter()
+            run(repeat)
+            best[name] = min(best[name], time.perf_counter() - started)
+    return {f"{name}_gbps": round(nbytes / seconds / 1e9, 3) for name, seconds in best.items()}
+
+
+def bandwidth(root: Path) -> dict[str, float]:
+    blocks = [torch.randn(BLOCK_SHAPE).to(DTYPE) for _ in range(NUM_BLOCKS)]
+    out = [torch.empty(BLOCK_SHAPE, dtype=DTYPE) for _ in range(NUM_BLOCKS)]
+    block_bytes = blocks[0].numel() * blocks[0].element_size()
+    nbytes = NUM_BLOCKS * block_bytes
+    with ThreadPoolExecutor(THREADS) as pool, ExitStack() as stack:
+        room = (NUM_BLOCKS + 8) * block_bytes
+        dram, _ = stack.enter_context(tier_client(root, "dram", dram=2 * room))
+        nvme, data = stack.enter_context(tier_client(root, "nvme", nvme=(REPEATS + 1) * room))
+        passes: dict[str, Pass] = {
+            "memcpy": lambda _: list(pool.map(lambda p: p[0].copy_(p[1]), zip(out, blocks, strict=True))),
+            "memcpy_1thread": lambda _: [o.copy_(b) for o, b in zip(out, blocks, strict=True)],
+        }
+        passes |= tier_passes("dram", dram, blocks, out, None)  # DRAM: no file to drop
+        passes |= file_passes(root, blocks, pool)
+        passes |= tier_passes("nvme", nvme, blocks, out, data)
+        result = interleaved(nbytes, passes)
+        if dram.unverified_blocks:  # (NVMe blocks are verified by the sidecar as they are read)
+            raise RuntimeError("kvtier bench: DRAM blocks were read before the sidecar sealed them")
+    if not all(
+        torch.equal(o.view(torch.int16), b.view(torch.int16)) for o, b in zip(out, blocks, strict=True)
+    ):
+        raise RuntimeError("kvtier bench: blocks came back different")
+    return result
+
+
+@contextmanager
+def tier_client(root: Path, name: str, dram: int = 0, nvme: int = 0) -> Iterator[tuple[TierClient, Path]]:
+    """A sidecar with only this tier, its client, and the NVMe data file."""
+    with sidecar(root, config(root, name, dram=dram, nvme=nvme)) as kv:
+        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE)
+        try:
+            yield client, Path(kv.nvme.path) / "blocks.dat"
+        finally:
+            client.close()
+
+
+def tier_passes(
+    tier: str, client: TierClient, blocks: list[torch.Tensor], out: list[torch.Tensor], data: Path | None
+) -> dict[str, Pass]:
+    """Each repeat gets the chain put a repeat before (a warm-up chain first), which the
+    sidecar has sealed since, then puts a fresh one (so nothing is skipped as already held)."""
+    chains = [refs(len(tier) * 1000 + r, NUM_BLOCKS) for r in range(REPEATS + 1)]
+    client.save_checked(chains[0], blocks)
+    wait_sealed(client)
+
+    def get(repeat: int) -> None:
+        if data is not None:
+            drop_page_cache(data)
+        if client.load([b.hash for b in chains[repeat]], out) != NUM_BLOCKS:
+            raise RuntimeError(f"kvtier bench: the {tier} tier lost blocks")
+
+    def put(repeat: int) -> None:
+        if client.save_checked(chains[repeat + 1], blocks) != NUM_BLOCKS:
+            raise RuntimeError(f"kvtier bench: the {tier} tier refused blocks")
+
+    return {f"{tier}_get": get, f"{tier}_put": put}
+
+
+def wait_sealed(client: TierClient, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (stats := client.stats()) is None or stats.get("unsealed"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"kvtier bench: the sidecar did not seal the blocks in {timeout_s} s")
+        time.sleep(0.05)
+
+
+def file_passes(root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor) -> dict[str, Pass]:
+    size = blocks[0].numel() * blocks[0].element_size()
+    aligned = mmap.mmap(-1, size * len(blocks))  # direct I/O needs page-aligned buffers
+    for i, block in enumerate(blocks):
+        aligned[i * size : (i + 1) * size] = block.view(torch.uint8).reshape(-1).numpy().tobytes()
+    sources = [memoryview(aligned)[i * size : (i + 1) * size] for i in range(len(blocks))]
+    reads = mmap.mmap(-1, size * len(blocks))
+    targets = [memoryview(reads)[i * size : (i + 1) * size] for i in range(len(blocks))]
+    passes: dict[str, Pass] = {}
+    for mode, flags in (("file", 0), ("direct", os.O_DIRECT)):
+        path = root / f"plain-{mode}.dat"
+        with open(path, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size * len(blocks))
+        passes[f"{mode}_write"] = _file_pass(path, flags, sources, pool, os.pwritev, size)
+        passes[f"{mode}_read"] = _file_pass(path, flags, targets, pool, os.preadv, size)
+    return passes
+
+
+def _file_pass(
+    path: Path,
+    flags: int,
+    buffers: list[memoryview],
+    pool: ThreadPoolExecutor,
+    io: Callable[..., int],
+    size: int,
+) -> Pass:
+    writing = io is os.pwritev
+
+    def run(_: int) -> None:
+        if not writing:
+            drop_page_cache(path)
+        fd = os.open(path, os.O_RDWR | flags)
+        try:
+            done = pool.map(lambda i: io(fd, [buffers[i]], i * size), range(len(buffers)))
+            if any(n != size for n in done):
+                raise RuntimeError(f"kvtier bench: short {'write' if writing else 'read'} on {path}")
+            if writing:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    return run

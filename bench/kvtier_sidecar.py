@@ -1,0 +1,63 @@
+"""Plumbing of the KV-tier benchmark: sidecar processes, configs, page-cache drops, block keys."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, WorkerConfig
+from strata.worker.kv_connector import BlockRef
+
+
+def config(root: Path, name: str, dram: int, nvme: int, block_size: int = 16) -> WorkerConfig:
+    kvtier = KVTierConfig(
+        enabled=True,
+        socket_path=str(root / f"{name}.sock"),
+        dram={"capacity_bytes": dram, "shm_path": f"/dev/shm/strata-bench-{os.getpid()}-{name}"},
+        nvme={"capacity_bytes": nvme, "path": str(root / f"{name}-nvme"), "admit_after_hits": 0},
+    )
+    return WorkerConfig(
+        model=ModelConfig(name="small", path=str(root / "model"), max_context_tokens=32768),
+        engine=EngineConfig(device="cpu", block_size=block_size, max_batched_tokens=2048),
+        kvtier=kvtier,
+    )
+
+
+@contextmanager
+def sidecar(root: Path, config: WorkerConfig) -> Iterator[KVTierConfig]:
+    path = root / f"{Path(config.kvtier.socket_path).stem}.yaml"
+    path.write_text(config.to_yaml())
+    sock = Path(config.kvtier.socket_path)
+    args = ["serve", "--config", str(path), "--metrics-port", "0", "--log-level", "WARNING"]
+    proc = subprocess.Popen([sys.executable, "-m", "strata", "kvtier", *args])
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("kvtier sidecar did not start")
+            time.sleep(0.05)
+        yield config.kvtier
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        Path(config.kvtier.dram.shm_path).unlink(missing_ok=True)
+
+
+def drop_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def refs(prefix: int, count: int) -> list[BlockRef]:
+    keys = [(prefix << 64 | i).to_bytes(16, "big") for i in range(count)]
+    return [BlockRef(k, keys[i - 1] if i else b"\0" * 16, i) for i, k in enumerate(keys)]

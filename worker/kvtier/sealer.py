@@ -1,0 +1,61 @@
+"""Checksums of the blocks saved into DRAM, taken in the background: the engine's save returns
+as soon as its copy into the slots is done, and the sidecar hashes the slots afterwards, off the
+engine's path (a block leased meanwhile is not reused, so what is hashed is what was saved).
+
+Until a block is sealed its checksum is None: a read of it is served unverified (there is
+nothing yet to verify against, and it was copied in moments ago), and writing it down to NVMe
+takes the checksum on the way (``NvmeStore.write``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+
+from strata.worker.kvtier.arena import checksum
+from strata.worker.kvtier.background import Loop
+from strata.worker.kvtier.tiers import DramTier
+
+BATCH = 64  # blocks sealed per turn of the lock
+
+
+class Sealer:
+    def __init__(self, lock: AbstractContextManager[object], dram: DramTier) -> None:
+        self.lock = lock
+        self.dram = dram
+        self._pending: deque[bytes] = deque()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._loop = Loop("sealer", self._seal_batch)
+
+    def add(self, keys: Iterable[bytes]) -> None:
+        """Called under the lock with blocks just put into DRAM without a checksum."""
+        self._pending.extend(keys)
+        self._idle.clear()
+        self._loop.wake()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until every block added so far is sealed (tests and benchmarks)."""
+        return self._idle.wait(timeout)
+
+    def stop(self) -> None:
+        self._loop.stop()
+
+    def _seal_batch(self) -> bool:
+        with self.lock:
+            batch = [self._pending.popleft() for _ in range(min(BATCH, len(self._pending)))]
+            todo = [(k, e) for k in batch if (e := self.dram.index.get(k)) is not None and e.checksum is None]
+            for _, entry in todo:
+                self.dram.lease(entry.slot)
+            if not batch:
+                self._idle.set()
+                return False
+        sums = [checksum(self.dram.block(entry.slot)) for _, entry in todo]
+        with self.lock:
+            for (key, entry), crc in zip(todo, sums, strict=True):
+                self.dram.unlease(entry.slot)
+                if self.dram.index.get(key) is entry:  # still the same block in the same slot
+                    entry.checksum = crc
+        return True

@@ -1,0 +1,188 @@
+"""Writing blocks down to NVMe and the shared tier, in three steps so that the I/O can run
+without the service's lock: ``plan`` (under the lock: which blocks go where, room made, NVMe
+slots taken), ``write`` (the bytes and the NVMe commit records; no lock) and ``commit`` (under
+the lock: the blocks enter the lower tiers' indexes). ``write_down`` runs all three at once.
+
+The bytes written are in DRAM or staging slots, which the caller keeps (leased or held) until
+``commit`` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from strata.worker.config import KVTierConfig
+from strata.worker.kvtier.index import Entry
+from strata.worker.kvtier.metrics import TierMetrics
+from strata.worker.kvtier.nvme import Record
+from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WritePlan:
+    demoting: bool
+    nvme: list[tuple[Record, memoryview]] = field(default_factory=list)
+    shared: list[tuple[bytes, Entry, memoryview]] = field(default_factory=list)
+    nvme_written: list[Record] = field(default_factory=list)  # with their checksums
+    nvme_error: OSError | None = None
+    shared_written: list[bool] = field(default_factory=list)
+    nvme_seconds: float = 0.0
+
+
+class Writer:
+    def __init__(
+        self,
+        config: KVTierConfig,
+        metrics: TierMetrics,
+        tiers: tuple[DramTier, NvmeTier | None, SharedTier | None],
+        nvme_admits: Callable[[bytes, Entry], bool],
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.dram, self.nvme, self.shared = tiers
+        self.nvme_admits = nvme_admits
+        self.block_bytes = self.dram.block_bytes
+        self.in_flight: set[bytes] = set()  # planned for NVMe, not committed yet
+
+    def write_down(self, blocks: Sequence[tuple[bytes, Entry]], demoting: bool) -> None:
+        """Store blocks in NVMe when admitted, and in the shared tier when it is on and the
+        block did not go to NVMe (write-back) or always (write-through, so that other workers
+        see it at once). Runs under the caller's lock, I/O included."""
+        plan = self.plan(blocks, demoting)
+        self.write(plan)
+        self.commit(plan)
+
+    # ---- plan (lock held) ----
+
+    def plan(self, blocks: Sequence[tuple[bytes, Entry]], demoting: bool) -> WritePlan:
+        plan = WritePlan(demoting)
+        nvme = self.nvme
+        to_nvme = [(k, e) for k, e in blocks if nvme is not None and self._nvme_takes(k, e)]
+        plan.nvme = self._take_nvme_slots(to_nvme)
+        self.in_flight.update(record.key for record, _ in plan.nvme)
+        if self.shared is not None and self.shared.healthy:
+            nvme_keys = {record.key for record, _ in plan.nvme}
+            through = self.config.write_mode == "write-through"
+            for key, entry in blocks:
+                if (through or key not in nvme_keys) and key not in self.shared.index and self._shared_room():
+                    plan.shared.append((key, entry, self.dram.block(entry.slot)))
+        return plan
+
+    def _nvme_takes(self, key: bytes, entry: Entry) -> bool:
+        assert self.nvme is not None
+        return key not in self.nvme.index and key not in self.in_flight and self.nvme_admits(key, entry)
+
+    def _take_nvme_slots(self, blocks: Sequence[tuple[bytes, Entry]]) -> list[tuple[Record, memoryview]]:
+        nvme = self.nvme
+        if nvme is None or not blocks:
+            return []
+        self.evict_nvme(nvme.index.make_room(len(blocks)))
+        batch: list[tuple[Record, memoryview]] = []
+        for key, entry in blocks:
+            slot = nvme.take_slot()
+            if slot is None:
+                break
+            record = Record(key, _parent_bytes(entry), slot, entry.priority, entry.checksum)
+            batch.append((record, self.dram.slot(entry.slot)))
+        return batch
+
+    def _shared_room(self) -> bool:
+        """Make room for one more block in this worker's share (victims' files deleted)."""
+        shared = self.shared
+        assert shared is not None
+        for victim, _ in shared.index.make_room(1):
+            self.metrics.evictions.labels("shared").inc()
+            try:
+                shared.store.delete(victim)  # type: ignore[arg-type]
+            except OSError as err:
+                shared.mark_down(err)
+                return False
+        return shared.index.has_room()
+
+    def evict_nvme(self, victims: Sequence[tuple[object, Entry]]) -> None:
+        """NVMe victims leave (write-back: to the shared tier, when it is on and they are
+        intact); their slots are free again."""
+        nvme = self.nvme
+        if nvme is None or not victims:
+            return
+        self.metrics.evictions.labels("nvme").inc(len(victims))
+        keys = [k for k, _ in victims if isinstance(k, bytes)]
+        if self.shared is not None and self.config.write_mode == "write-back":
+            scratch = memoryview(mmap.mmap(-1, nvme.store.slot_bytes))  # page-aligned
+            for key, entry in victims:
+                if isinstance(key, bytes) and key not in self.shared.index:
+                    (crc,) = nvme.store.read([(entry.slot, scratch)])
+                    if crc == entry.checksum and self._shared_room():
+                        plan = WritePlan(demoting=True, shared=[(key, entry, scratch[: self.block_bytes])])
+                        self.write(plan)
+                        self.commit(plan)
+        nvme.store.forget(keys)
+        for _, entry in victims:
+            nvme.give_back(entry.slot)
+
+    # ---- write (no lock) ----
+
+    def write(self, plan: WritePlan) -> None:
+        if plan.nvme and self.nvme is not None:
+            started = time.perf_counter()
+            try:
+                plan.nvme_written = self.nvme.store.write(plan.nvme)
+            except OSError as err:  # ENOSPC or a failing disk: refuse these blocks, keep serving
+                plan.nvme_error = err
+            plan.nvme_seconds = time.perf_counter() - started
+        plan.shared_written = [self._write_shared(key, entry, data) for key, entry, data in plan.shared]
+
+    def _write_shared(self, key: bytes, entry: Entry, data: memoryview) -> bool:
+        assert self.shared is not None
+        started = time.perf_counter()
+        try:
+            self.shared.store.write(key, _parent_bytes(entry), entry.priority, data)
+        except OSError as err:
+            self.metrics.errors.labels("shared").inc()
+            self.shared.mark_down(err)
+            return False
+        self.metrics.write_seconds.labels("shared").observe(time.perf_counter() - started)
+        self.metrics.written_bytes.labels("shared").inc(len(data))
+        return True
+
+    # ---- commit (lock held) ----
+
+    def commit(self, plan: WritePlan) -> None:
+        self._commit_nvme(plan)
+        shared = self.shared
+        for (key, entry, _), written in zip(plan.shared, plan.shared_written, strict=True):
+            if written and shared is not None and key not in shared.index and shared.index.has_room():
+                shared.index.add(key, Entry(entry.parent, entry.priority, False, time.time()))
+                if plan.demoting:
+                    self.metrics.demotions.labels("shared").inc()
+
+    def _commit_nvme(self, plan: WritePlan) -> None:
+        nvme = self.nvme
+        if nvme is None or not plan.nvme:
+            return
+        self.in_flight.difference_update(record.key for record, _ in plan.nvme)
+        if plan.nvme_error is not None:
+            log.warning("nvme: write of %d blocks failed, not stored: %s", len(plan.nvme), plan.nvme_error)
+            self.metrics.errors.labels("nvme").inc()
+            for record, _ in plan.nvme:
+                nvme.give_back(record.slot)
+            return
+        self.metrics.write_seconds.labels("nvme").observe(plan.nvme_seconds)
+        self.metrics.written_bytes.labels("nvme").inc(len(plan.nvme) * self.block_bytes)
+        if plan.demoting:
+            self.metrics.demotions.labels("nvme").inc(len(plan.nvme))
+        now = time.time()
+        for record in plan.nvme_written:
+            entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
+            nvme.index.add(record.key, entry)
+        nvme.store.compact_if_needed(nvme.records())
+
+
+def _parent_bytes(entry: Entry) -> bytes:
+    return entry.parent if isinstance(entry.parent, bytes) else b"\0" * 16
