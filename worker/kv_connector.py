@@ -3,8 +3,8 @@
 The engine (``strata.worker.engine``) owns device memory and the HBM prefix cache; the KV-tier
 client (``strata.worker.kvtier``) implements :class:`KVConnector`. On HBM eviction the engine
 hands the victim blocks to ``save``; on an HBM prefix miss it asks ``lookup`` and ``load``s what
-the lower tiers hold; on admission it calls ``prefetch`` so that NVMe/shared blocks start moving
-up before they are needed.
+the lower tiers hold; while requests wait in its queue it announces them (``expect``) so that
+their blocks are kept and start moving up from NVMe/shared before they are needed.
 
 A block is identified by its chained hash: ``block_hash(parent, tokens)`` where the first
 block's parent is ``root_hash(cache_namespace, model)``. The namespace salt means two tenants
@@ -80,6 +80,15 @@ class KVConnector(Protocol):
 
     def prefetch(self, hashes: Sequence[bytes]) -> None:
         """Hint that these blocks will be loaded soon: start moving them up to DRAM."""
+        ...
+
+    def expect(self, request: str, hashes: Sequence[bytes]) -> None:
+        """Look-ahead: queued request ``request`` will load these blocks. Keep them (no
+        eviction, always admitted) and move them up, until ``unexpect``."""
+        ...
+
+    def unexpect(self, requests: Sequence[str]) -> None:
+        """Those queued requests were scheduled, or left."""
         ...
 
     def close(self) -> None: ...

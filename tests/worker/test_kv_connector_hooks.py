@@ -23,9 +23,13 @@ class DictConnector:
         self.blocks: dict[bytes, torch.Tensor] = {}
         self.refs: dict[bytes, BlockRef] = {}
         self.prefetched: list[bytes] = []
+        self.looked_up: list[list[bytes]] = []
+        self.expected: dict[str, list[bytes]] = {}  # the queued requests announced
+        self.ever_expected: list[str] = []
         self.loads = 0
 
     def lookup(self, hashes: Sequence[bytes]) -> list[Tier]:
+        self.looked_up.append(list(hashes))
         found: list[Tier] = []
         for h in hashes:
             if h not in self.blocks:
@@ -46,6 +50,14 @@ class DictConnector:
 
     def prefetch(self, hashes: Sequence[bytes]) -> None:
         self.prefetched += hashes
+
+    def expect(self, request: str, hashes: Sequence[bytes]) -> None:
+        self.expected[request] = list(hashes)
+        self.ever_expected.append(request)
+
+    def unexpect(self, requests: Sequence[str]) -> None:
+        for request in requests:
+            del self.expected[request]
 
     def close(self) -> None:
         pass
@@ -92,7 +104,7 @@ def test_decode_after_loading_from_the_tier_equals_recomputation(make_engine: En
     assert fresh.generate(prompt, GREEDY).hit_tokens["hbm"] == 28
 
 
-def test_lookup_starts_past_the_hbm_hit_and_prefetch_on_arrival(make_engine: EngineFactory) -> None:
+def test_lookup_starts_past_the_hbm_hit(make_engine: EngineFactory) -> None:
     tier = DictConnector("nvme")
     engine = make_engine(connector=tier)
     shared = prompt_of(16, seed=3)
@@ -100,11 +112,29 @@ def test_lookup_starts_past_the_hbm_hit_and_prefetch_on_arrival(make_engine: Eng
     engine.evict_cached_blocks()
     engine.generate(shared, GREEDY)  # reloads the first three blocks into HBM
     tail = prompt_of(16, seed=4)
-    tier.prefetched.clear()
+    tier.looked_up.clear()
     seq = engine.generate(shared + tail, GREEDY)
     hashes = engine.block_hashes(shared + tail)
-    assert tier.prefetched == hashes[4:7]  # past the 4-block HBM hit, up to the last full block
+    assert tier.looked_up == [hashes[4:7]]  # past the 4-block HBM hit, up to the last full block
     assert seq.hit_tokens == {"hbm": 16, "nvme": 12}
+
+
+def test_queued_requests_are_announced_until_scheduled(make_engine: EngineFactory) -> None:
+    tier = DictConnector()
+    engine = make_engine(connector=tier)
+    first = engine.add_request(prompt_of(20, seed=12), GREEDY)
+    second = engine.add_request(prompt_of(24, seed=13), GREEDY)
+    assert (
+        tier.expected
+        == {
+            str(first.seq_id): engine.block_hashes(first.token_ids)[:4],  # the usable full blocks
+            str(second.seq_id): engine.block_hashes(second.token_ids)[:5],
+        }
+    )
+    engine.step()  # both admitted: no longer waiting
+    assert tier.expected == {} and tier.ever_expected == [str(first.seq_id), str(second.seq_id)]
+    while engine.has_unfinished():
+        engine.step()
 
 
 def test_eviction_under_memory_pressure_saves_before_reuse(make_engine: EngineFactory) -> None:

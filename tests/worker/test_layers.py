@@ -33,6 +33,27 @@ def test_block_manager_and_scheduler_are_tensor_free() -> None:
         )
 
 
+def test_scheduler_block_manager_and_prefix_cache_import_without_torch() -> None:
+    """The whole import chain, in a fresh interpreter: not one module on the way loads torch
+    (and so none of them can do tier I/O, which lives in kv_tiers)."""
+    modules = ", ".join(f"strata.worker.engine.{m}" for m in ("scheduler", "block_manager", "prefix_cache"))
+    code = (
+        f"import sys, {modules}\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] == 'torch']\n"
+        "sys.exit(str(loaded) if loaded else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_scheduling_does_no_tier_io() -> None:
+    """Tier calls happen in the step (kv_tiers), never while the scheduler decides."""
+    for name in ("scheduler", "prefix_cache", "block_manager"):
+        assert "kv_tiers" not in {
+            m.rsplit(".", 1)[-1] for m in imports_of(WORKER / "engine" / f"{name}.py")
+        }, name
+
+
 def test_only_kv_tiers_calls_the_connector() -> None:
     for path in (WORKER / "engine").glob("*.py"):
         text = path.read_text()

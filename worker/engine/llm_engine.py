@@ -1,8 +1,10 @@
 """The engine: builds the parts from a WorkerConfig and runs the step loop.
 
-One ``step()`` schedules a batch, hands HBM evictions to the tiers, runs the model once,
-publishes newly full blocks in the prefix cache and samples. The engine is synchronous and not
-thread-safe: the server drives it from one thread; tests and benchmarks call ``generate``.
+One ``step()`` asks the tiers about the requests it may admit, schedules a batch (decisions
+only), carries out the tier effects the schedule implies (save HBM evictions, load planned
+blocks, announce the queue), runs the model once, publishes newly full blocks in the prefix
+cache and samples. The engine is synchronous and not thread-safe: the server drives it from one
+thread; tests and benchmarks call ``generate``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from strata.worker.engine.kv_tiers import TierBridge
 from strata.worker.engine.model_runner import ModelRunner, block_bytes, block_shape
 from strata.worker.engine.prefix_cache import PrefixCache
 from strata.worker.engine.sampling import Sampler, token_logprob
-from strata.worker.engine.scheduler import Scheduler, SchedulerLimits
+from strata.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerLimits
 from strata.worker.engine.sequence import SamplingParams, Sequence, TokenLogprob
 from strata.worker.engine.stats import EngineStats
 from strata.worker.kv_connector import KVConnector, chain_hashes, root_hash
@@ -93,11 +95,12 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.stats = EngineStats()
         self.root_hash = root_hash(config.cache_namespace, config.model.name, cfg.block_size)
+        self.prefix = PrefixCache(self.blocks, self.root_hash, self.stats)
         write_through = config.kvtier.write_mode == "write-through"
+        lookahead = config.kvtier.lookahead_requests
         self.tiers = TierBridge(
-            connector, self.blocks, self.runner, write_through=write_through, stats=self.stats
+            connector, self.blocks, self.runner, self.prefix, write_through, lookahead, self.stats
         )
-        self.prefix = PrefixCache(self.blocks, self.tiers, self.root_hash, self.stats)
         limits = SchedulerLimits(
             cfg.max_num_seqs, cfg.max_batched_tokens, cfg.max_queue_len, cfg.queue_timeout_s
         )
@@ -154,7 +157,7 @@ class LLMEngine:
         seq = Sequence(list(token_ids), params, prio)
         self.scheduler.add(seq)
         self._seqs[seq.seq_id] = seq
-        self.prefix.prefetch(seq)
+        self.tiers.sync_queue(self.scheduler.queue(self.tiers.lookahead))  # start moving its blocks up
         return seq
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -188,20 +191,21 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         started = time.monotonic()
-        batch = self.scheduler.schedule(started)
+        self.tiers.lookup(self.scheduler.next_admissions())
+        batch = self.scheduler.schedule(time.monotonic())
         outputs = [self._forget(seq, []) for seq in batch.rejected]  # the scheduler finished them
-        self.tiers.save_evictions()
-        if not batch.items:
+        items = self._apply_tier_effects(batch)
+        if not items:
             return outputs
-        logits = self.runner.run(batch.items)
+        logits = self.runner.run(items)
         computed = self.stats.recomputed_tokens
         row = 0
-        for seq, n in batch.items:
+        for seq, n in items:
             # a decode step feeds back the last sampled token; everything else is (re)computed context
             decode = n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens > seq.num_prompt_tokens
             self.stats.recomputed_tokens += n - int(decode)
             seq.num_computed_tokens += n
-            self.prefix.register_computed(seq)
+            self.tiers.computed(self.prefix.register_computed(seq))
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
             outputs.append(self._append(seq, logits[row]))
@@ -212,6 +216,17 @@ class LLMEngine:
         if self.stats.recomputed_tokens > computed:  # a prompt chunk: prefill load (the autoscaler's)
             self.stats.prefill_busy_seconds += elapsed
         return outputs
+
+    def _apply_tier_effects(self, batch: ScheduledBatch) -> list[tuple[Sequence, int]]:
+        """Save what HBM evicted (before those blocks are written), load the planned blocks,
+        count the admitted requests' hits, tell the tiers what still waits. Sequences whose
+        load came up short sit this step out and compute the rest from the next one."""
+        self.tiers.save_evictions()
+        short = {seq.seq_id for seq in self.tiers.load(batch.loads)}
+        for seq in batch.admitted:
+            self.prefix.admitted(seq)
+        self.tiers.sync_queue(self.scheduler.queue(self.tiers.lookahead))
+        return [(seq, n) for seq, n in batch.items if seq.seq_id not in short]
 
     def _append(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
         if seq.params.keep_logits:

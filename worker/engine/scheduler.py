@@ -6,6 +6,10 @@ rest of the budget admits waiting sequences while KV blocks last. When blocks ru
 priority, most recent sequence is preempted (its blocks freed, to be recomputed from its prefix
 on return). A higher-priority arrival may preempt lower-priority running work. Requests waiting
 past the timeout are refused, never dropped silently.
+
+Decisions only: blocks held by the lower KV tiers are planned as loads (``batch.loads``) from
+lookups the engine made before scheduling, and the engine carries them out in the step. No I/O
+happens here, and nothing here needs torch.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from strata.worker.engine.block_manager import BlockManager
-from strata.worker.engine.prefix_cache import PrefixCache
+from strata.worker.engine.prefix_cache import PrefixCache, TierLoad
 from strata.worker.engine.sequence import SeqStatus, Sequence
 from strata.worker.engine.stats import EngineStats
 
@@ -35,6 +39,8 @@ class SchedulerLimits:
 class ScheduledBatch:
     items: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new tokens)
     rejected: list[Sequence] = field(default_factory=list)  # finished with reason queue_timeout
+    admitted: list[Sequence] = field(default_factory=list)  # waiting before, running now
+    loads: list[TierLoad] = field(default_factory=list)  # tier blocks the admitted ones need first
 
 
 def priority_key(seq: Sequence) -> tuple[int, float, int]:
@@ -77,6 +83,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def queue(self, limit: int) -> list[Sequence]:
+        """The first ``limit`` waiting sequences, in the order they will be admitted."""
+        return sorted(self.waiting, key=priority_key)[:limit]
+
+    def next_admissions(self) -> list[Sequence]:
+        """Waiting sequences the next ``schedule`` may admit (at most the free batch slots)."""
+        return self.queue(max(0, self.limits.max_num_seqs - len(self.running)))
+
     def schedule(self, now: float) -> ScheduledBatch:
         batch = ScheduledBatch(rejected=self._expire(now))
         self._make_room_for_priority()
@@ -92,7 +106,7 @@ class Scheduler:
         for seq in sorted(self.waiting, key=priority_key):
             if budget <= 0 or len(self.running) >= self.limits.max_num_seqs:
                 break
-            n = self._admit(seq, budget)
+            n = self._admit(seq, budget, batch)
             if n == 0:
                 break  # strict priority order: later arrivals do not overtake
             batch.items.append((seq, n))
@@ -105,6 +119,7 @@ class Scheduler:
         if seq in self.waiting:
             self.waiting.remove(seq)
         self.prefix.detach(seq)
+        self.prefix.forget(seq)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
     def _expire(self, now: float) -> list[Sequence]:
@@ -132,16 +147,19 @@ class Scheduler:
         seq.block_table += [self.blocks.allocate() for _ in range(need)]
         return True
 
-    def _admit(self, seq: Sequence, budget: int) -> int:
-        """Attach cached KV, then blocks for the first chunk; 0 (and nothing held) if no room."""
-        self.prefix.attach(seq)
+    def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> int:
+        """Attach cached KV (tier blocks as planned loads), then blocks for the first chunk;
+        0 (and nothing held) if no room."""
+        load = self.prefix.attach(seq)
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         need = blocks_needed(seq, n, self.blocks.block_size)
         if not self.blocks.can_allocate(need):
             self.prefix.detach(seq)
             return 0
         seq.block_table += [self.blocks.allocate() for _ in range(need)]
-        self.prefix.admitted(seq)
+        if load is not None:
+            batch.loads.append(load)
+        batch.admitted.append(seq)
         self.waiting.remove(seq)
         self.running.append(seq)
         seq.status = SeqStatus.RUNNING
