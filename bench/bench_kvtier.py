@@ -1,189 +1,31 @@
-"""KV-tier benchmark: tier bandwidth next to plain memcpy and file I/O, TTFT from each tier next
-to recomputation, and block-level prefix hit ratios of the eviction policies on the Mooncake
-traces next to LRU and the offline optimum, all from one run on this machine.
+"""KV-tier benchmark: tier bandwidth next to plain memcpy and file I/O (``kvtier_bandwidth``),
+TTFT from each tier next to recomputation, and the block-level prefix hit ratios of the tiers'
+eviction and admission policies on the Mooncake traces next to the peers' and the offline
+optimum (``kvtier_hits``), all from one run on this machine.
 
 The sidecar runs as a real process (``strata kvtier serve``); the benchmark is its client, so
 bandwidths include the protocol round trips and the copies into and out of shared memory.
-NVMe reads are measured after the data file's pages were dropped from the page cache
-(``posix_fadvise(DONTNEED)``), like the plain file reads they are compared with.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, WorkerConfig
+from bench import kvtier_hits
+from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth
+from bench.kvtier_sidecar import config, drop_page_cache, sidecar
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
-from strata.worker.kvtier import simulate
 from strata.worker.kvtier.client import TierClient
 
-MiB = 2**20
-BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
-DTYPE = torch.bfloat16
-NUM_BLOCKS = 96  # 192 MiB per pass
-REPEATS = 3
-COPY_THREADS = 4  # as TierClient
-CAPACITIES = (1000, 5000, 10000, 30000)
-POLICIES = ("lru", "prefix-aware", "optimal")
 PROMPTS = {"4k": 4096, "16k": 16384}
-REPO = Path(__file__).resolve().parents[1]
-
-
-def traces_dir() -> Path:
-    return Path(os.environ.get("STRATA_TRACES_DIR", REPO / ".." / "shared" / "data" / "traces"))
-
-
-# ---- plumbing ----
-
-
-def _config(root: Path, name: str, dram: int, nvme: int, block_size: int = 16) -> WorkerConfig:
-    kvtier = KVTierConfig(
-        enabled=True,
-        socket_path=str(root / f"{name}.sock"),
-        dram={"capacity_bytes": dram, "shm_path": f"/dev/shm/strata-bench-{os.getpid()}-{name}"},
-        nvme={"capacity_bytes": nvme, "path": str(root / f"{name}-nvme"), "admit_after_hits": 0},
-    )
-    return WorkerConfig(
-        model=ModelConfig(name="small", path=str(root / "model"), max_context_tokens=32768),
-        engine=EngineConfig(device="cpu", block_size=block_size, max_batched_tokens=2048),
-        kvtier=kvtier,
-    )
-
-
-@contextmanager
-def sidecar(root: Path, config: WorkerConfig) -> Iterator[KVTierConfig]:
-    path = root / f"{Path(config.kvtier.socket_path).stem}.yaml"
-    path.write_text(config.to_yaml())
-    sock = Path(config.kvtier.socket_path)
-    args = ["serve", "--config", str(path), "--metrics-port", "0", "--log-level", "WARNING"]
-    proc = subprocess.Popen([sys.executable, "-m", "strata", "kvtier", *args])
-    try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("kvtier sidecar did not start")
-            time.sleep(0.05)
-        yield config.kvtier
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        Path(config.kvtier.dram.shm_path).unlink(missing_ok=True)
-
-
-def drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def best_gbps(nbytes: int, fn: Callable[[int], object], repeats: int = REPEATS) -> float:
-    """Best of ``repeats`` runs of ``fn(repeat)``, in GB/s (best: the machine is shared)."""
-    best = float("inf")
-    for repeat in range(repeats):
-        started = time.perf_counter()
-        fn(repeat)
-        best = min(best, time.perf_counter() - started)
-    return round(nbytes / best / 1e9, 3)
-
-
-def refs(prefix: int, count: int) -> list[BlockRef]:
-    keys = [(prefix << 64 | i).to_bytes(16, "big") for i in range(count)]
-    return [BlockRef(k, keys[i - 1] if i else b"\0" * 16, i) for i, k in enumerate(keys)]
-
-
-# ---- bandwidth ----
-
-
-def bandwidth(root: Path) -> dict[str, float]:
-    blocks = [torch.randn(BLOCK_SHAPE).to(DTYPE) for _ in range(NUM_BLOCKS)]
-    out = [torch.empty(BLOCK_SHAPE, dtype=DTYPE) for _ in range(NUM_BLOCKS)]
-    nbytes = NUM_BLOCKS * blocks[0].numel() * blocks[0].element_size()
-    pairs = list(zip(out, blocks, strict=True))
-    with ThreadPoolExecutor(COPY_THREADS) as pool:  # the client copies on as many threads
-        parallel = best_gbps(nbytes, lambda _: list(pool.map(lambda p: p[0].copy_(p[1]), pairs)), 5)
-    result = {
-        "memcpy_gbps": parallel,
-        "memcpy_1thread_gbps": best_gbps(nbytes, lambda _: [o.copy_(b) for o, b in pairs], 5),
-    }
-    result |= file_io(root, blocks, nbytes)
-    block_bytes = nbytes // NUM_BLOCKS
-    dram_config = _config(root, "dram", dram=(NUM_BLOCKS + 8) * block_bytes, nvme=0)
-    with sidecar(root, dram_config) as kv:
-        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE)
-        chains = [refs(r, NUM_BLOCKS) for r in range(REPEATS)]
-        result["dram_put_gbps"] = best_gbps(nbytes, lambda r: client.save_checked(chains[r], blocks))
-        last = [b.hash for b in chains[-1]]
-        result["dram_get_gbps"] = best_gbps(nbytes, lambda _: _must_load(client, last, out))
-        client.close()
-    nvme_config = _config(root, "nvme", dram=0, nvme=(REPEATS * NUM_BLOCKS + 8) * block_bytes)
-    with sidecar(root, nvme_config) as kv:
-        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE)
-        chains = [refs(10 + r, NUM_BLOCKS) for r in range(REPEATS)]
-        result["nvme_write_gbps"] = best_gbps(nbytes, lambda r: client.save_checked(chains[r], blocks))
-        data_file = Path(kv.nvme.path) / "blocks.dat"
-
-        def read(repeat: int) -> None:
-            drop_page_cache(data_file)
-            _must_load(client, [b.hash for b in chains[repeat]], out)
-
-        result["nvme_read_gbps"] = best_gbps(nbytes, read)
-        client.close()
-    assert all(
-        torch.equal(o.view(torch.int16), b.view(torch.int16)) for o, b in zip(out, blocks, strict=True)
-    )
-    return result
-
-
-def _must_load(client: TierClient, hashes: list[bytes], out: list[torch.Tensor]) -> None:
-    if client.load(hashes, out) != len(hashes):
-        raise RuntimeError("kvtier bench: the sidecar lost blocks")
-
-
-def file_io(root: Path, blocks: list[torch.Tensor], nbytes: int) -> dict[str, float]:
-    """Plain large-block file I/O on the same disk: one pwrite per block into a freshly
-    preallocated file (as the NVMe tier writes into its preallocated slots), fsync at the end;
-    reads after the pages were dropped from the cache."""
-    views = [b.view(torch.uint8).reshape(-1).numpy().data for b in blocks]
-    size = views[0].nbytes
-    paths = [root / f"plain-{r}.dat" for r in range(REPEATS)]
-    for path in paths:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.posix_fallocate(fd, 0, size * len(views))
-        os.close(fd)
-
-    def write(repeat: int) -> None:
-        fd = os.open(paths[repeat], os.O_WRONLY)
-        for i, view in enumerate(views):
-            os.pwrite(fd, view, i * size)
-        os.fsync(fd)
-        os.close(fd)
-
-    def read(repeat: int) -> None:
-        drop_page_cache(paths[repeat])
-        fd = os.open(paths[repeat], os.O_RDONLY)
-        buf = bytearray(size)
-        for i in range(len(views)):
-            os.preadv(fd, [buf], i * size)
-        os.close(fd)
-
-    return {"file_write_gbps": best_gbps(nbytes, write), "file_read_gbps": best_gbps(nbytes, read)}
 
 
 # ---- TTFT ----
@@ -209,6 +51,14 @@ class Switch:
         if self.target:
             self.target.prefetch(hashes)
 
+    def expect(self, request: str, hashes: Sequence[bytes]) -> None:
+        if self.target:
+            self.target.expect(request, hashes)
+
+    def unexpect(self, requests: Sequence[str]) -> None:
+        if self.target:
+            self.target.unexpect(requests)
+
     def close(self) -> None:
         pass
 
@@ -221,13 +71,13 @@ def ttft(root: Path) -> dict[str, dict[str, float]]:
     from strata.worker.tokenizer import load_tokenizer
 
     write_model(root / "model", "small")
-    base = _config(root, "probe", 0, 0)
+    base = config(root, "probe", 0, 0)
     model = load_model(base.model.path, DTYPES[base.model.dtype], torch.device("cpu"))
     shape = block_shape(model, base.engine.block_size)
     block_bytes = int(torch.empty(shape).numel() * 4)
     blocks_16k = max(PROMPTS.values()) // base.engine.block_size + 8
-    dram = _config(root, "ttft-dram", dram=blocks_16k * block_bytes, nvme=0)
-    nvme = _config(root, "ttft-nvme", dram=0, nvme=blocks_16k * block_bytes)
+    dram = config(root, "ttft-dram", dram=blocks_16k * block_bytes, nvme=0)
+    nvme = config(root, "ttft-nvme", dram=0, nvme=blocks_16k * block_bytes)
     switch = Switch()
     engine = LLMEngine(dram, model, load_tokenizer(base.model.path), switch)
     result: dict[str, dict[str, float]] = {}
@@ -281,26 +131,12 @@ def ttft_by_tier(
     return times
 
 
-# ---- hit ratio ----
-
-
-def hit_ratios() -> dict[str, dict[str, dict[str, float]]]:
-    result: dict[str, dict[str, dict[str, float]]] = {}
-    for path in sorted(traces_dir().glob("*.jsonl")):
-        trace = simulate.load_trace(path)
-        result[path.name] = {
-            policy: {str(c): round(simulate.hit_ratio(trace, policy, c), 4) for c in CAPACITIES}
-            for policy in POLICIES
-        }
-    return result
-
-
 def run() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="kvbench-", dir="/tmp"))
     try:
         result: dict[str, Any] = bandwidth(root)
         result["ttft_s"] = ttft(root)
-        result["hit_ratio"] = hit_ratios()
+        result |= kvtier_hits.run()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result["ratios"] = ratios(result)
@@ -316,8 +152,10 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     out = {
         "dram_put_over_memcpy": r(result["dram_put_gbps"], result["memcpy_gbps"]),
         "dram_get_over_memcpy": r(result["dram_get_gbps"], result["memcpy_gbps"]),
-        "nvme_read_over_file_read": r(result["nvme_read_gbps"], result["file_read_gbps"]),
-        "nvme_write_over_file_write": r(result["nvme_write_gbps"], result["file_write_gbps"]),
+        "nvme_read_over_file_read": r(result["nvme_get_gbps"], result["file_read_gbps"]),
+        "nvme_write_over_file_write": r(result["nvme_put_gbps"], result["file_write_gbps"]),
+        "nvme_read_over_direct_read": r(result["nvme_get_gbps"], result["direct_read_gbps"]),
+        "nvme_write_over_direct_write": r(result["nvme_put_gbps"], result["direct_write_gbps"]),
     }
     for name, times in result["ttft_s"].items():
         for tier in ("hbm", "dram", "nvme"):
@@ -327,10 +165,13 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
 
 def summary(result: dict[str, Any]) -> str:
     t = result["ttft_s"]["16k"]
+    q = result["ratios"]
+    checks = result["policy_checks"]
     return (
-        f"dram put/get {result['dram_put_gbps']}/{result['dram_get_gbps']} GB/s "
-        f"(memcpy {result['memcpy_gbps']}), "
-        f"nvme r/w {result['nvme_read_gbps']}/{result['nvme_write_gbps']} GB/s "
-        f"(file {result['file_read_gbps']}/{result['file_write_gbps']}), "
-        f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s"
+        f"dram put/get {q['dram_put_over_memcpy']}x/{q['dram_get_over_memcpy']}x memcpy, "
+        f"nvme read/write {q['nvme_read_over_file_read']}x/{q['nvme_write_over_file_write']}x file I/O "
+        f"({q['nvme_read_over_direct_read']}x/{q['nvme_write_over_direct_write']}x direct I/O), "
+        f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
+        f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
+        f"at 5k blocks (conversation)"
     )
