@@ -4,9 +4,12 @@ reads, NVMe put and get) and each keeps its best, so that load from other jobs o
 machine hits all of them alike.
 
 - DRAM put/get through the sidecar process vs a plain copy of the same 2 MiB blocks with as
-  many threads as the client copies on (4). A get reads the chain put a repeat earlier, which
-  the sidecar has sealed (checksummed) since: every block read is verified. DRAM holds two
-  chains: the one read and the one put.
+  many threads as the client copies on (4), between private buffers (``memcpy``) and into a
+  shared-memory mapping like the tier's (``memcpy_to_shm``: what writing shared memory costs
+  here). A get reads the chain put a repeat earlier, which the sidecar has sealed
+  (checksummed) since: ``dram_get`` checks every block against its checksum as it copies (the
+  default); ``dram_unchecked_get`` is a sidecar with ``dram.verify_reads: false``. DRAM holds
+  two chains: the one read and the one put.
 - NVMe write/read through the sidecar (DRAM off, so every block goes to disk and back) vs
   plain file I/O of the same blocks on the same disk with the same block size and queue depth
   (the NVMe tier's 4 I/O threads, one 2 MiB pwrite/pread each): buffered (the page cache, as a
@@ -16,6 +19,7 @@ machine hits all of them alike.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import time
@@ -27,12 +31,13 @@ from pathlib import Path
 import torch
 
 from bench.kvtier_sidecar import config, drop_page_cache, refs, sidecar
+from strata.worker.kvtier.arena import SlotArena
 from strata.worker.kvtier.client import TierClient
 
 BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
 DTYPE = torch.bfloat16
 NUM_BLOCKS = 96  # 192 MiB per pass
-REPEATS = 7
+REPEATS = 9
 THREADS = 4  # the client's copy threads, and the NVMe tier's I/O threads (io_threads)
 
 Pass = Callable[[int], object]  # one pass over all blocks, in repeat r
@@ -57,12 +62,18 @@ def bandwidth(root: Path) -> dict[str, float]:
     with ThreadPoolExecutor(THREADS) as pool, ExitStack() as stack:
         room = (NUM_BLOCKS + 8) * block_bytes
         dram, _ = stack.enter_context(tier_client(root, "dram", dram=2 * room))
+        unchecked, _ = stack.enter_context(tier_client(root, "dram_unchecked", dram=2 * room, verify=False))
+        shm = stack.enter_context(shm_blocks(root, len(blocks), block_bytes))
         nvme, data = stack.enter_context(tier_client(root, "nvme", nvme=(REPEATS + 1) * room))
         passes: dict[str, Pass] = {
             "memcpy": lambda _: list(pool.map(lambda p: p[0].copy_(p[1]), zip(out, blocks, strict=True))),
             "memcpy_1thread": lambda _: [o.copy_(b) for o, b in zip(out, blocks, strict=True)],
+            "memcpy_to_shm": lambda _: list(
+                pool.map(lambda p: p[0].copy_(p[1]), zip(shm, blocks, strict=True))
+            ),
         }
         passes |= tier_passes("dram", dram, blocks, out, None)  # DRAM: no file to drop
+        passes |= tier_passes("dram_unchecked", unchecked, blocks, out, None)
         passes |= file_passes(root, blocks, pool)
         passes |= tier_passes("nvme", nvme, blocks, out, data)
         result = interleaved(nbytes, passes)
@@ -76,9 +87,12 @@ def bandwidth(root: Path) -> dict[str, float]:
 
 
 @contextmanager
-def tier_client(root: Path, name: str, dram: int = 0, nvme: int = 0) -> Iterator[tuple[TierClient, Path]]:
+def tier_client(
+    root: Path, name: str, dram: int = 0, nvme: int = 0, verify: bool = True
+) -> Iterator[tuple[TierClient, Path]]:
     """A sidecar with only this tier, its client, and the NVMe data file."""
-    with sidecar(root, config(root, name, dram=dram, nvme=nvme)) as kv:
+    block_bytes = math.prod(BLOCK_SHAPE) * DTYPE.itemsize
+    with sidecar(root, config(root, name, dram=dram, nvme=nvme, verify_reads=verify), block_bytes) as kv:
         client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE)
         try:
             yield client, Path(kv.nvme.path) / "blocks.dat"
@@ -101,11 +115,24 @@ def tier_passes(
         if client.load([b.hash for b in chains[repeat]], out) != NUM_BLOCKS:
             raise RuntimeError(f"kvtier bench: the {tier} tier lost blocks")
 
-    def put(repeat: int) -> None:
-        if client.save_checked(chains[repeat + 1], blocks) != NUM_BLOCKS:
-            raise RuntimeError(f"kvtier bench: the {tier} tier refused blocks")
+    def put(repeat: int) -> None:  # as the engine saves (the next repeat's get checks it arrived)
+        client.save(chains[repeat + 1], blocks)
 
     return {f"{tier}_get": get, f"{tier}_put": put}
+
+
+@contextmanager
+def shm_blocks(root: Path, count: int, block_bytes: int) -> Iterator[list[torch.Tensor]]:
+    """Block-sized tensors over a shared-memory mapping, as the tier's slots are."""
+    arena = SlotArena(f"/dev/shm/strata-bench-{os.getpid()}-memcpy", block_bytes, count, create=True)
+    whole = torch.frombuffer(arena.mmap, dtype=torch.uint8)
+    try:
+        yield [
+            whole[i * block_bytes : (i + 1) * block_bytes].view(DTYPE).view(BLOCK_SHAPE) for i in range(count)
+        ]
+    finally:
+        del whole
+        arena.path.unlink(missing_ok=True)
 
 
 def wait_sealed(client: TierClient, timeout_s: float = 300) -> None:

@@ -15,11 +15,14 @@ from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, Worker
 from strata.worker.kv_connector import BlockRef
 
 
-def config(root: Path, name: str, dram: int, nvme: int, block_size: int = 16) -> WorkerConfig:
+def config(
+    root: Path, name: str, dram: int, nvme: int, block_size: int = 16, verify_reads: bool = True
+) -> WorkerConfig:
+    shm = f"/dev/shm/strata-bench-{os.getpid()}-{name}"
     kvtier = KVTierConfig(
         enabled=True,
         socket_path=str(root / f"{name}.sock"),
-        dram={"capacity_bytes": dram, "shm_path": f"/dev/shm/strata-bench-{os.getpid()}-{name}"},
+        dram={"capacity_bytes": dram, "shm_path": shm, "verify_reads": verify_reads},
         nvme={"capacity_bytes": nvme, "path": str(root / f"{name}-nvme"), "admit_after_hits": 0},
     )
     return WorkerConfig(
@@ -30,11 +33,13 @@ def config(root: Path, name: str, dram: int, nvme: int, block_size: int = 16) ->
 
 
 @contextmanager
-def sidecar(root: Path, config: WorkerConfig) -> Iterator[KVTierConfig]:
+def sidecar(root: Path, config: WorkerConfig, block_bytes: int | None = None) -> Iterator[KVTierConfig]:
+    """A sidecar process; with ``block_bytes`` its tiers are sized before it serves."""
     path = root / f"{Path(config.kvtier.socket_path).stem}.yaml"
     path.write_text(config.to_yaml())
     sock = Path(config.kvtier.socket_path)
     args = ["serve", "--config", str(path), "--metrics-port", "0", "--log-level", "WARNING"]
+    args += ["--block-bytes", str(block_bytes)] if block_bytes else []
     proc = subprocess.Popen([sys.executable, "-m", "strata", "kvtier", *args])
     try:
         deadline = time.monotonic() + 60

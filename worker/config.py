@@ -87,6 +87,12 @@ class DramTierConfig(_Strict):
     admission: AdmissionPolicy = Field(
         "always", description="Which blocks may enter: `always`, `doorkeeper` (second sighting), `adaptive`."
     )
+    verify_reads: bool = Field(
+        True,
+        description="Check every block read from DRAM against its checksum (on a GPU node the check runs "
+        "while the copy engine copies); off: CPU-bound reads run at copy speed, damage in shared memory "
+        "goes unnoticed.",
+    )
 
 
 class NvmeTierConfig(_Strict):

@@ -111,7 +111,7 @@ def test_corrupt_dram_block_is_dropped_not_served(root, start_sidecar):
     sidecar = start_sidecar(worker_config(root).kvtier)
     client = client_for(root)
     refs = chain("default", list(range(48)))
-    client.save(refs, blocks_for(refs, torch.float32))
+    assert client.save_checked(refs, blocks_for(refs, torch.float32)) == len(refs)
     assert sidecar.service.wait_sealed(60)  # checksums are taken in the background
     dram = sidecar.service.dram
     assert dram is not None

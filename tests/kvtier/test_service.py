@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.server import Sidecar
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
@@ -291,4 +292,17 @@ def test_promotion_when_dram_and_nvme_are_both_full(root, eviction):
                 assert bytes(dram.block(slot)) == payload(n)
             service.release(owner, [slot for slot, _ in found])
         assert len(nvme.index) <= 4 and len(dram.index) <= 2
+    service.close()
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_dram_reads_carry_the_checksum_once_sealed_unless_verification_is_off(root, verify):
+    service = make(root, dram={"capacity_bytes": 8 * BLOCK, "verify_reads": verify})
+    put(service, [0, 1])
+    assert service.wait_sealed(60)
+    owner = Owner()
+    found = service.get(owner, [key(0), key(1)])
+    service.release(owner, [slot for slot, _ in found])
+    expected = [checksum(payload(0)), checksum(payload(1))] if verify else [None, None]
+    assert [crc for _, crc in found] == expected
     service.close()

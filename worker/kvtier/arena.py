@@ -4,19 +4,20 @@ Block bytes cross the process boundary only here: the engine copies a block into
 a slot, and the sidecar reads and writes the same pages, so no block ever travels through the
 socket or a Python object. Slots are page-aligned so that NVMe I/O from them can be direct.
 
-The file's memory is allocated when the sidecar creates it, and both sides map it with its page
-tables filled in, so that no copy on the data path pays for page faults or zeroing (and a pod
-short of memory fails at start, not in the middle of a save).
+The sidecar allocates the file's memory in the background right after creating it
+(``preallocate``), so that copies on the data path do not pay for allocating and zeroing pages.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 from pathlib import Path
 
 import xxhash
 
+log = logging.getLogger(__name__)
 PAGE = 4096
 
 
@@ -50,13 +51,24 @@ class SlotArena:
         try:
             if create:
                 os.ftruncate(fd, size)
-                os.posix_fallocate(fd, 0, size)
             elif os.fstat(fd).st_size < size:
                 raise ValueError(f"shm_path: {self.path} holds fewer than {num_slots} slots")
-            self.mmap = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            self.mmap = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self.buffer = memoryview(self.mmap)
+
+    def preallocate(self) -> None:
+        """Allocate every page of the file now (seconds for tens of GiB: run it in the
+        background). A memory-backed volume too small shows up here, as a logged warning."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, self.slot_bytes * self.num_slots)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            log.warning("kvtier: cannot preallocate %s (%s); pages are allocated as used", self.path, err)
 
     def view(self, slot: int, length: int | None = None) -> memoryview:
         if not 0 <= slot < self.num_slots:

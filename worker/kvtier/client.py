@@ -15,6 +15,7 @@ import math
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -64,6 +65,7 @@ class TierClient:
         # Copies and checksums of a batch in parallel: torch and xxhash release the GIL.
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvtier-client")
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
+        self._outstanding: deque[str] = deque()  # ops sent whose replies are still to be read
         self.corrupt_blocks = 0
         # Loaded without a checksum to compare: verified by the sidecar as it read them from a
         # lower tier, or saved into DRAM moments before (the sidecar had not sealed them yet).
@@ -92,24 +94,27 @@ class TierClient:
             return
         with self._lock:
             try:
-                self.save_checked(blocks, data)
+                self._save(blocks, data, checked=False)
             except Exception as err:
                 self._fail("save", err)
 
     def prefetch(self, hashes: Sequence[bytes]) -> None:
         if hashes:
-            self._safe_call({"op": "prefetch", "keys": [h.hex() for h in hashes]})
+            self._safe_send({"op": "prefetch", "keys": [h.hex() for h in hashes]})
 
     def expect(self, request: str, hashes: Sequence[bytes]) -> None:
         if hashes:
-            self._safe_call({"op": "expect", "request": request, "keys": [h.hex() for h in hashes]})
+            self._safe_send({"op": "expect", "request": request, "keys": [h.hex() for h in hashes]})
 
     def unexpect(self, requests: Sequence[str]) -> None:
         if requests:
-            self._safe_call({"op": "unexpect", "requests": list(requests)})
+            self._safe_send({"op": "unexpect", "requests": list(requests)})
 
     def close(self) -> None:
         with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(Exception):  # the last puts land before we go
+                    self._drain(self._sock)
             self._disconnect()
         self._pool.shutdown(wait=False)
 
@@ -125,25 +130,30 @@ class TierClient:
     # ---- the data path ----
 
     def _load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
+        """Ask for everything left at once: the sidecar answers with the leading blocks it could
+        place in shared memory (all that DRAM holds; staging slots bound the rest), and the
+        next ask goes on from there until one brings nothing or a block fails its check."""
         self._connected()
+        count = min(len(hashes), len(out))
         loaded = 0
-        for start in range(0, min(len(hashes), len(out)), self._max_batch):
-            stop = start + self._max_batch
-            got = self._load_batch(hashes[start:stop], out[start:stop])
-            loaded += got
-            if got < len(hashes[start:stop]):
+        while loaded < count:
+            intact, sent = self._load_batch(hashes[loaded:count], out[loaded:count])
+            loaded += intact
+            if intact < sent or not sent:
                 break
         return loaded
 
-    def _load_batch(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
+    def _load_batch(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> tuple[int, int]:
+        """(blocks copied intact, blocks the sidecar sent)."""
         reply = self._call({"op": "get", "keys": [h.hex() for h in hashes[: len(out)]]})
         slots: list[int] = reply["slots"]
         expected: list[int | None] = reply["checksums"]
         try:
             pairs = [(flat_bytes(out[i]), self._raw(slot)) for i, slot in enumerate(slots)]
-            sums = self._copy(pairs, slots, hashed=True)
+            checked = any(want is not None for want in expected)  # nothing to check: a plain copy
+            sums: list[int | None] = list(self._copy(pairs, slots, hashed=checked)) or list(expected)
         finally:
-            self._call({"op": "release", "slots": slots})
+            self._send_later({"op": "release", "slots": slots})
         intact = [want is None or got == want for got, want in zip(sums, expected, strict=True)]
         self.unverified_blocks += expected.count(None)
         loaded = intact.index(False) if False in intact else len(intact)
@@ -151,35 +161,43 @@ class TierClient:
             self.corrupt_blocks += 1
             log.warning("kvtier: block %s failed its checksum; recomputing", hashes[loaded].hex())
             self._call({"op": "corrupt", "keys": [hashes[loaded].hex()]})
-        return loaded
+        return loaded, len(slots)
 
     def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and
         returns how many blocks the sidecar committed (with write-through to a persistent NVMe
         tier: durable). Blocks the tiers already hold are not sent again."""
         with self._lock:
-            self._connected()
-            return sum(
-                self._save_batch(blocks[i : i + self._max_batch], data[i : i + self._max_batch])
-                for i in range(0, len(blocks), self._max_batch)
-            )
+            return self._save(blocks, data, checked=True)
 
-    def _save_batch(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
+    def _save(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor], checked: bool) -> int:
+        self._connected()
+        batches = range(0, len(blocks), self._max_batch)
+        stored = sum(
+            self._save_batch(blocks[i : i + self._max_batch], data[i : i + self._max_batch], checked)
+            for i in batches
+        )
+        return stored
+
+    def _save_batch(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor], checked: bool) -> int:
+        """Reserve slots, copy into them, put; unchecked, the put's reply is read later."""
         keys = [b.hash.hex() for b in blocks]
         parents = [b.parent.hex() for b in blocks]
         reply = self._call({"op": "reserve", "keys": keys, "parents": parents})
         taken = [i for i, slot in enumerate(reply["slots"]) if slot is not None]
         slots = [reply["slots"][i] for i in taken]
-        self._copy(
-            [(self._raw(s), flat_bytes(data[i])) for i, s in zip(taken, slots, strict=True)], slots, False
-        )
-        message = {
+        pairs = [(self._raw(s), flat_bytes(data[i])) for i, s in zip(taken, slots, strict=True)]
+        self._copy(pairs, slots, hashed=False)
+        put = {
             "op": "put",
             "keys": [keys[i] for i in taken],
             "parents": [parents[i] for i in taken],
             "slots": slots,
         }
-        stored: int = self._call(message)["stored"]
+        if not checked:
+            self._send_later(put)
+            return len(taken)
+        stored: int = self._call(put)["stored"]
         return stored
 
     def _copy(self, pairs: Sequence[Pair], slots: Sequence[int], hashed: bool) -> list[int]:
@@ -203,14 +221,37 @@ class TierClient:
                 self._fail(str(message.get("op")), err)
                 return None
 
+    def _safe_send(self, message: protocol.Message) -> None:
+        """A hint: sent without waiting; a failure shows up (and is handled) like any other."""
+        with self._lock:
+            try:
+                self._send_later(message)
+            except Exception as err:
+                self._fail(str(message.get("op")), err)
+
     def _call(self, message: protocol.Message) -> dict[str, Any]:
         sock = self._connected()
+        self._drain(sock)
         protocol.send(sock, protocol.tagged(message))
+        return self._reply(sock, str(message.get("op")))
+
+    def _send_later(self, message: protocol.Message) -> None:
+        """Send without waiting for the reply (a release, a save's put): it is read before the
+        next call's, so the engine does not wait a round trip for what it does not need."""
+        sock = self._connected()
+        protocol.send(sock, protocol.tagged(message))
+        self._outstanding.append(str(message.get("op")))
+
+    def _drain(self, sock: socket.socket) -> None:
+        while self._outstanding:
+            self._reply(sock, self._outstanding.popleft())
+
+    def _reply(self, sock: socket.socket, op: str) -> dict[str, Any]:
         reply = protocol.receive(sock)
         if reply is None:
             raise SidecarUnavailable("sidecar closed the connection")
         if not reply.get("ok"):
-            raise SidecarUnavailable(f"sidecar refused {message.get('op')}: {reply.get('error')}")
+            raise SidecarUnavailable(f"sidecar refused {op}: {reply.get('error')}")
         return reply
 
     def _connected(self) -> socket.socket:
@@ -268,6 +309,7 @@ class TierClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._outstanding.clear()
         self._unmap()
 
 

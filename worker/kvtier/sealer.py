@@ -1,6 +1,8 @@
 """Checksums of the blocks saved into DRAM, taken in the background: the engine's save returns
 as soon as its copy into the slots is done, and the sidecar hashes the slots afterwards, off the
-engine's path (a block leased meanwhile is not reused, so what is hashed is what was saved).
+engine's path, without the lock. A checksum is kept only if its block is still the same entry of
+the index afterwards: a slot changes hands only once its block left the index, so what was
+hashed is what was saved (and the slot accounting never waits for the sealer).
 
 Until a block is sealed its checksum is None: a read of it is served unverified (there is
 nothing yet to verify against, and it was copied in moments ago), and writing it down to NVMe
@@ -47,15 +49,12 @@ class Sealer:
         with self.lock:
             batch = [self._pending.popleft() for _ in range(min(BATCH, len(self._pending)))]
             todo = [(k, e) for k in batch if (e := self.dram.index.get(k)) is not None and e.checksum is None]
-            for _, entry in todo:
-                self.dram.lease(entry.slot)
             if not batch:
                 self._idle.set()
                 return False
         sums = [checksum(self.dram.block(entry.slot)) for _, entry in todo]
         with self.lock:
             for (key, entry), crc in zip(todo, sums, strict=True):
-                self.dram.unlease(entry.slot)
                 if self.dram.index.get(key) is entry:  # still the same block in the same slot
                     entry.checksum = crc
         return True

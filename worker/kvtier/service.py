@@ -107,6 +107,7 @@ class KVTierService:
         self.block_bytes, self.slot_bytes = block_bytes, slot_bytes_for(block_bytes)
         dram_slots = cfg.dram.capacity_bytes // self.slot_bytes
         arena = SlotArena(cfg.dram.shm_path, self.slot_bytes, dram_slots + self.staging_slots, create=True)
+        threading.Thread(target=arena.preallocate, name="kvtier-preallocate", daemon=True).start()
         self.dram = DramTier(arena, dram_slots, block_bytes, cfg.dram.eviction, cfg.dram.admission)
         nvme_slots = cfg.nvme.capacity_bytes // self.slot_bytes
         if nvme_slots:
@@ -202,7 +203,7 @@ class KVTierService:
                     owner.leases.append(entry.slot)
                     if dram.is_staging(entry.slot):
                         dram.give_back(entry.slot)  # deferred: back in the pool once released
-                    out.append((entry.slot, None if fresh else entry.checksum))
+                    out.append((entry.slot, self._to_verify(entry, fresh)))
                 if not entries:
                     break
                 i += len(entries)
@@ -210,6 +211,12 @@ class KVTierService:
         if self.config.write_mode == "write-through" and self.nvme is not None and out:
             self._background.submit(self._write_through_admitted, list(keys[: len(out)]))
         return out
+
+    def _to_verify(self, entry: Entry, fresh: bool) -> int | None:
+        """The checksum the client checks its copy against; None when there is nothing to check:
+        verified here while read from a lower tier just now, not sealed yet, or DRAM reads are
+        not verified (``dram.verify_reads``)."""
+        return None if fresh or not self.config.dram.verify_reads else entry.checksum
 
     def _write_through_admitted(self, keys: list[bytes]) -> None:
         """Write-through with NVMe admission: a block refused at its first put is written down
