@@ -5,10 +5,11 @@ the ServiceTier's cache policy.
 Blocks move as the sidecar moves them (``worker/kvtier/service.py`` and ``movement.py``), minus
 the bytes: a save puts a block in DRAM; DRAM victims go down (write-back) to NVMe when admitted,
 else to the shared tier; NVMe victims go to the shared tier; write-through also writes every
-saved block down at once; a lower-tier hit is promoted into DRAM. NVMe admission is the
-sidecar's rule: a block is written to NVMe once it was seen (saved or read) more than
-``admitAfterHits`` times. Retention sweeps are left out: the traces span an hour, the shortest
-default retention is six.
+saved block down at once; a lower-tier hit is promoted into DRAM. Each of DRAM and NVMe admits
+blocks by the tier's admission policy (``TierIndex.admits``: always, doorkeeper or adaptive), a
+block DRAM refuses going straight down; NVMe also needs a block seen (saved or read) more than
+``admitAfterHits`` times, as the sidecar does. Retention sweeps are left out: the traces span
+an hour, the shortest default retention is six.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class LowerTiers:
         self.priority = spec.priority
         self.write_through = cache.write_mode == "write-through"
         self.admit_after = cache.nvme.admit_after_hits
-        self.dram = TierIndex(sizes.dram, cache.dram.eviction) if sizes.dram else None
-        self.nvme = TierIndex(sizes.nvme, cache.nvme.eviction) if sizes.nvme else None
+        self.dram = TierIndex(sizes.dram, cache.dram.eviction, cache.dram.admission) if sizes.dram else None
+        self.nvme = TierIndex(sizes.nvme, cache.nvme.eviction, cache.nvme.admission) if sizes.nvme else None
         self.shared = shared.index
         self.seen: OrderedDict[Key, int] = OrderedDict()
         self.clock = 0.0
@@ -92,6 +93,7 @@ class LowerTiers:
             self._saw(key)
         for key, parent in zip(keys, parents, strict=True):
             if self.dram is not None and key in self.dram:
+                self.dram.record_hit(key, parent)
                 self.dram.touch(key, self._tick())
             else:
                 self._touch_below(key)
@@ -123,8 +125,9 @@ class LowerTiers:
         if len(self.seen) > SEEN_LIMIT:
             self.seen.popitem(last=False)
 
-    def _admitted(self, key: Key) -> bool:
-        return self.seen.get(key, 0) > self.admit_after
+    def _admitted(self, key: Key, parent: Key | None) -> bool:
+        assert self.nvme is not None
+        return self.nvme.admits(key, parent) and self.seen.get(key, 0) > self.admit_after
 
     def _touch_below(self, key: Key) -> None:
         for index in (self.nvme, self.shared):
@@ -133,7 +136,7 @@ class LowerTiers:
 
     def _into_dram(self, key: Key, parent: Key | None) -> bool:
         dram = self.dram
-        if dram is None or dram.capacity == 0:
+        if dram is None or dram.capacity == 0 or not dram.admits(key, parent):
             return False
         victims = dram.make_room(1)
         self._demote(victims)
@@ -152,7 +155,8 @@ class LowerTiers:
     def _write_down(self, blocks: Sequence[tuple[Key, Key | None]]) -> None:
         """To NVMe when admitted; to the shared tier when it did not go to NVMe (write-back) or
         always (write-through)."""
-        to_nvme = {k for k, _ in blocks if self.nvme is not None and k not in self.nvme and self._admitted(k)}
+        nvme = self.nvme
+        to_nvme = {k for k, p in blocks if nvme is not None and k not in nvme and self._admitted(k, p)}
         for key, parent in blocks:
             if key in to_nvme:
                 self._into_nvme(key, parent)
