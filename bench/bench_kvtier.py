@@ -155,6 +155,13 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
         "dram_unchecked_get_over_memcpy": r(result["dram_unchecked_get_gbps"], result["memcpy_gbps"]),
         "dram_put_over_memcpy_to_shm": r(result["dram_put_gbps"], result["memcpy_to_shm_gbps"]),
         "memcpy_to_shm_over_memcpy": r(result["memcpy_to_shm_gbps"], result["memcpy_gbps"]),
+        "dram_put_cpu_over_memcpy_to_shm_cpu": r(
+            result["dram_put_cpu_gbps"], result["memcpy_to_shm_cpu_gbps"]
+        ),
+        "dram_get_cpu_over_memcpy_cpu": r(result["dram_get_cpu_gbps"], result["memcpy_cpu_gbps"]),
+        "dram_unchecked_get_cpu_over_memcpy_cpu": r(
+            result["dram_unchecked_get_cpu_gbps"], result["memcpy_cpu_gbps"]
+        ),
         "nvme_read_over_file_read": r(result["nvme_get_gbps"], result["file_read_gbps"]),
         "nvme_write_over_file_write": r(result["nvme_put_gbps"], result["file_write_gbps"]),
         "nvme_read_over_direct_read": r(result["nvme_get_gbps"], result["direct_read_gbps"]),

@@ -33,14 +33,19 @@ def config(
 
 
 @contextmanager
-def sidecar(root: Path, config: WorkerConfig, block_bytes: int | None = None) -> Iterator[KVTierConfig]:
-    """A sidecar process; with ``block_bytes`` its tiers are sized before it serves."""
+def sidecar(
+    root: Path, config: WorkerConfig, block_bytes: int | None = None, pids: list[int] | None = None
+) -> Iterator[KVTierConfig]:
+    """A sidecar process; with ``block_bytes`` its tiers are sized before it serves; its pid is
+    added to ``pids``."""
     path = root / f"{Path(config.kvtier.socket_path).stem}.yaml"
     path.write_text(config.to_yaml())
     sock = Path(config.kvtier.socket_path)
     args = ["serve", "--config", str(path), "--metrics-port", "0", "--log-level", "WARNING"]
     args += ["--block-bytes", str(block_bytes)] if block_bytes else []
     proc = subprocess.Popen([sys.executable, "-m", "strata", "kvtier", *args])
+    if pids is not None:
+        pids.append(proc.pid)
     try:
         deadline = time.monotonic() + 60
         while not sock.exists():
