@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from strata.cli import main as strata
+from strata.sim.scenario import read
 
 
 def small_trace(path: Path, requests: int = 40) -> Path:
@@ -81,3 +82,8 @@ def test_show_profile_prints_an_editable_profile(capsys):
     assert strata(["sim", "--show-profile", "gpu"]) == 0
     profile = yaml.safe_load(capsys.readouterr().out)
     assert profile["name"] == "gpu" and profile["kv_bytes_per_token"] == 131072
+
+
+def test_the_example_scenario_is_valid():
+    spec = read(Path(__file__).resolve().parents[2] / "examples" / "sim" / "premium-batch.yaml")
+    assert [s.tier for s in spec.services] == ["premium", "batch"] and spec.gpus == 24
