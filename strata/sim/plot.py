@@ -29,7 +29,7 @@ def draw(runs: Mapping[str, Series], targets_s: Mapping[str, float], title: str,
     figure.tight_layout()
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=80)  # readable, and small enough to keep in git
     plt.close(figure)
     return path
 
