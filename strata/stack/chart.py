@@ -33,7 +33,9 @@ def install_chart(cluster: Cluster, timeout_s: float = ADMISSION_TIMEOUT_S) -> P
     helm = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig)]
     args = ["upgrade", "--install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--create-namespace"]
     done = subprocess.run(
-        [*helm, *args, "--skip-crds", "--set", "operator.replicas=0"],
+        # --take-ownership: objects of the chart's names applied without helm (crds/, examples/) are
+        # adopted rather than refused, as an admin upgrading from a kubectl-applied install expects.
+        [*helm, *args, "--skip-crds", "--take-ownership", "--set", "operator.replicas=0"],
         capture_output=True,
         text=True,
         check=False,

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "strata.dev", "v1alpha1"
 FIELD_MANAGER = "strata-api-tests"
+POLICY_FILE = "strata.dev_tier-limits-policy.yaml"
 POLICY_READY_TIMEOUT_S = 120.0
 
 
@@ -154,6 +155,10 @@ def api(cluster: Any) -> Iterator[Api]:
         for tier in handle.tiers:
             cluster.kubectl("delete", "servicetier", tier, "--wait=false", check=False)
         api_client.close()
+        # Leave the session's cluster as found: the chart installed by later tests owns the example tiers'
+        # names and the policy, and helm refuses to adopt objects it did not create.
+        for applied in (ROOT / "examples" / "servicetiers", ROOT / "crds" / POLICY_FILE):
+            cluster.kubectl("delete", "--ignore-not-found", "--timeout=120s", "-f", str(applied), check=False)
 
 
 def wait_for_policy(api: Api) -> None:

@@ -4,6 +4,7 @@ watch whose resourceVersion the server no longer has lists again."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,17 @@ pytestmark = pytest.mark.cluster
 SERVICES = 4
 
 
-def kill_stream(watch: ResumableWatch) -> None:
-    """SIGKILL the watch's kubectl as soon as it streams."""
-    proc = wait_for(lambda: watch.proc if watch.proc and watch.proc.poll() is None else None, 60, "a watch")
+def kill_stream(watch: ResumableWatch, before: subprocess.Popen[str] | None = None) -> subprocess.Popen[str]:
+    """SIGKILL the watch's kubectl as soon as it streams; a stream other than ``before`` (already killed,
+    but possibly not yet reaped, so it still looks alive for a moment)."""
+
+    def streaming() -> subprocess.Popen[str] | None:
+        proc = watch.proc
+        return proc if proc is not None and proc is not before and proc.poll() is None else None
+
+    proc = wait_for(streaming, 60, "a watch")
     proc.kill()
+    return proc
 
 
 def test_a_killed_watch_resumes_and_a_timeout_counts_ready_services(
@@ -31,13 +39,14 @@ def test_a_killed_watch_resumes_and_a_timeout_counts_ready_services(
         fleet.namespaces = [namespace]
         readiness = fleet.watches[0].start()
         try:
-            kill_stream(readiness)
+            killed = kill_stream(readiness)
             sent = fleet.apply("svc", SERVICES, per_s=None)
             wait_for(lambda: set(sent) & fleet.ready.seen.keys(), 300, "a first Ready service")
-            kill_stream(readiness)
+            kill_stream(readiness, before=killed)
             ready_at = fleet.wait(fleet.ready, set(sent), "services Ready")
             assert set(ready_at) == set(sent)
-            assert readiness.resumed + readiness.relisted >= 2
+            # The watch thread counts a stream's end after reaping its kubectl: wait for it, bounded.
+            wait_for(lambda: readiness.resumed + readiness.relisted >= 2, 60, "both killed streams resumed")
             fleet.scale = Scale(timeout_s=1)
             never = {(namespace, "never-applied")}
             with pytest.raises(
