@@ -205,3 +205,27 @@ def test_concurrent_clients_only_ever_read_intact_blocks(root, start_sidecar):
     out = [torch.empty(SHAPE) for _ in chains[0]]
     assert final.load([r.hash for r in chains[0]], out) == 8  # everything reachable in the end
     assert all(torch.equal(o, d) for o, d in zip(out, data[0], strict=True))
+
+
+def test_a_long_load_from_nvme_is_pipelined_and_stops_at_a_damaged_block(root, start_sidecar):
+    # DRAM off: 100 NVMe blocks come up 32 at a time (half the staging slots per answer), the
+    # client asking for the next answer before it copies the current one out.
+    config = worker_config(root, dram={"capacity_bytes": 0}, nvme={"capacity_bytes": 128 * 16384})
+    sidecar = start_sidecar(config.kvtier)
+    client = client_for(root)
+    refs = chain("default", list(range(16 * 100)))
+    data = blocks_for(refs, torch.float32, seed=3)
+    assert client.save_checked(refs, data) == 100
+    out = [torch.empty(SHAPE) for _ in refs]
+    assert client.load([r.hash for r in refs], out) == 100
+    assert all(torch.equal(o, d) for o, d in zip(out, data, strict=True))
+    nvme = sidecar.service.nvme
+    assert nvme is not None
+    slot = nvme.index.get(refs[50].hash).slot  # type: ignore[union-attr]
+    with open(root / "nvme" / "blocks.dat", "r+b") as blocks:  # damage block 50, in the 2nd answer
+        blocks.seek(slot * 16384 + 10)
+        blocks.write(b"\xff" * 8)
+    assert client.load([r.hash for r in refs], [torch.empty(SHAPE) for _ in refs]) == 50
+    assert client.lookup([r.hash for r in refs]) == ["nvme"] * 50  # the damaged block is gone
+    assert client.stats() is not None  # every answer was given back: no lease is left
+    assert sidecar.service.dram is not None and not sidecar.service.dram._leases

@@ -130,38 +130,57 @@ class TierClient:
     # ---- the data path ----
 
     def _load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
-        """Ask for everything left at once: the sidecar answers with the leading blocks it could
-        place in shared memory (all that DRAM holds; staging slots bound the rest), and the
-        next ask goes on from there until one brings nothing or a block fails its check."""
-        self._connected()
+        """Ask for everything left: the sidecar answers with the leading blocks it could place
+        in shared memory (all that DRAM holds; from lower tiers at most half the staging slots
+        per answer). While one answer is copied out, the next ask is already in the sidecar's
+        hands (its disk reads overlap our copies). Stops when an answer brings nothing or a
+        block fails its check."""
+        sock = self._connected()
         count = min(len(hashes), len(out))
+        reply = self._call(self._get(hashes, 0, count))
         loaded = 0
-        while loaded < count:
-            intact, sent = self._load_batch(hashes[loaded:count], out[loaded:count])
+        while True:
+            slots: list[int] = reply["slots"]
+            ahead = bool(slots) and loaded + len(slots) < count
+            if ahead:
+                protocol.send(sock, protocol.tagged(self._get(hashes, loaded + len(slots), count)))
+            intact = self._copy_out(out[loaded:], reply)
+            following = self._read_ahead(sock) if ahead else None
+            self._send_later({"op": "release", "slots": slots})
             loaded += intact
-            if intact < sent or not sent:
+            if intact < len(slots) or following is None:
                 break
+            reply = following
+        if following is not None:  # stopped at a damaged block: give the next answer back
+            self._send_later({"op": "release", "slots": following["slots"]})
+        if loaded < count and intact < len(slots):
+            self._report_corrupt(hashes[loaded])
         return loaded
 
-    def _load_batch(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> tuple[int, int]:
-        """(blocks copied intact, blocks the sidecar sent)."""
-        reply = self._call({"op": "get", "keys": [h.hex() for h in hashes[: len(out)]]})
+    @staticmethod
+    def _get(hashes: Sequence[bytes], start: int, stop: int) -> protocol.Message:
+        return {"op": "get", "keys": [h.hex() for h in hashes[start:stop]]}
+
+    def _read_ahead(self, sock: socket.socket) -> dict[str, Any]:
+        """The reply to the get sent ahead (after those of what was sent before it)."""
+        self._drain(sock)
+        return self._reply(sock, "get")
+
+    def _copy_out(self, out: Sequence[torch.Tensor], reply: dict[str, Any]) -> int:
+        """Copy an answer's blocks out, checking them as they go; how many leading ones are intact."""
         slots: list[int] = reply["slots"]
         expected: list[int | None] = reply["checksums"]
-        try:
-            pairs = [(flat_bytes(out[i]), self._raw(slot)) for i, slot in enumerate(slots)]
-            checked = any(want is not None for want in expected)  # nothing to check: a plain copy
-            sums: list[int | None] = list(self._copy(pairs, slots, hashed=checked)) or list(expected)
-        finally:
-            self._send_later({"op": "release", "slots": slots})
+        pairs = [(flat_bytes(out[i]), self._raw(slot)) for i, slot in enumerate(slots)]
+        checked = any(want is not None for want in expected)  # nothing to check: a plain copy
+        sums: list[int | None] = list(self._copy(pairs, slots, hashed=checked)) or list(expected)
         intact = [want is None or got == want for got, want in zip(sums, expected, strict=True)]
         self.unverified_blocks += expected.count(None)
-        loaded = intact.index(False) if False in intact else len(intact)
-        if loaded < len(intact):
-            self.corrupt_blocks += 1
-            log.warning("kvtier: block %s failed its checksum; recomputing", hashes[loaded].hex())
-            self._call({"op": "corrupt", "keys": [hashes[loaded].hex()]})
-        return loaded, len(slots)
+        return intact.index(False) if False in intact else len(intact)
+
+    def _report_corrupt(self, key: bytes) -> None:
+        self.corrupt_blocks += 1
+        log.warning("kvtier: block %s failed its checksum; recomputing", key.hex())
+        self._call({"op": "corrupt", "keys": [key.hex()]})
 
     def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and

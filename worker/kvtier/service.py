@@ -177,9 +177,10 @@ class KVTierService:
     # ---- get: into leased slots ----
 
     def get(self, owner: Owner, keys: Sequence[bytes]) -> list[tuple[int, int | None]]:
-        """(slot, checksum) of the leading blocks now in shared memory, leased to ``owner``.
-        The checksum is None for blocks verified while being read into the slot just now, so
-        the client need not check them again."""
+        """(slot, checksum) of the leading blocks now in shared memory, leased to ``owner``:
+        all DRAM holds, and from the lower tiers at most half the staging slots, so that the
+        client's next ask can be read while it copies this answer out. The checksum is None
+        where the client has nothing to check (see ``_to_verify``)."""
         with self._lock:
             mover = self._require()
             dram = mover.dram
@@ -187,7 +188,7 @@ class KVTierService:
             out: list[tuple[int, int | None]] = []
             for key in keys:
                 mover.saw(key)
-            i = 0
+            i = staged = 0
             while i < len(keys):
                 parent = keys[i - 1] if i else None
                 entry = dram.index.get(keys[i]) or mover.demoting.get(keys[i])
@@ -197,11 +198,15 @@ class KVTierService:
                     dram.index.touch(keys[i], now)  # no-op for a demoting block
                     entries = [entry]
                 else:
-                    entries = mover.promote_run(keys[i:], parent, staging_ok=True)
+                    room = max(1, self.staging_slots // 2) - staged
+                    entries = (
+                        mover.promote_run(keys[i : i + room], parent, staging_ok=True) if room > 0 else []
+                    )
                 for entry in entries:
                     dram.lease(entry.slot)
                     owner.leases.append(entry.slot)
                     if dram.is_staging(entry.slot):
+                        staged += 1
                         dram.give_back(entry.slot)  # deferred: back in the pool once released
                     out.append((entry.slot, self._to_verify(entry, fresh)))
                 if not entries:
