@@ -221,7 +221,7 @@ def test_a_long_load_from_nvme_is_pipelined_and_stops_at_a_damaged_block(root, s
     assert all(torch.equal(o, d) for o, d in zip(out, data, strict=True))
     nvme = sidecar.service.nvme
     assert nvme is not None
-    slot = nvme.index.get(refs[50].hash).slot  # type: ignore[union-attr]
+    slot = nvme.index.get(refs[50].hash).slot
     with open(root / "nvme" / "blocks.dat", "r+b") as blocks:  # damage block 50, in the 2nd answer
         blocks.seek(slot * 16384 + 10)
         blocks.write(b"\xff" * 8)
