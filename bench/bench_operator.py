@@ -184,18 +184,17 @@ def raw_phase(cluster: Cluster, scale: Scale) -> dict[str, Any]:
 
 
 def measure(f: Fleet, result: dict[str, Any]) -> None:
-    """The burst, steady and idle phases into ``result``; a phase that times out ends the run
-    with what it saw (``timed_out``), never a hang."""
+    """The burst, steady and idle phases into ``result``, each figure as soon as it is measured;
+    a phase that times out ends the run with what it saw (``timed_out``), never a hang."""
     f.cluster.apply({"apiVersion": "v1", "kind": "List", "items": [_namespace(n) for n in f.namespaces]})
     for watch in f.watches:
         watch.start()
     try:
         start = f.counters()
-        result.update(burst_phase(f))
-        result.update(steady_phase(f))
-        active = f.counters().since(start)
-        result.update(idle_phase(f))
-        result["active"] = active
+        burst_phase(f, result)
+        steady_phase(f, result)
+        result["active"] = f.counters().since(start)
+        idle_phase(f, result)
     except WatchTimeout as exc:
         result["timed_out"] = str(exc)
     except KubectlError as exc:  # the API server stopped answering: say so, keep what was measured
@@ -209,49 +208,39 @@ def measure(f: Fleet, result: dict[str, Any]) -> None:
         result["operator_peak_rss_mb"] = fleet.peak_rss_mb(f.operator.proc.pid)
 
 
-def burst_phase(f: Fleet) -> dict[str, Any]:
+def burst_phase(f: Fleet, result: dict[str, Any]) -> None:
     started = time.monotonic()
     sent = f.apply("burst", f.scale.services, per_s=None)
-    applied_s = time.monotonic() - started
     keys = set(sent)
+    result.update(services=len(keys), burst_apply_s=round(time.monotonic() - started, 2))
     children = f.wait(f.children, keys, "services with every child")
+    result["burst_all_children_s"] = round(max(children.values()) - started, 2)
     ready_at = f.wait(f.ready, keys, "services Ready")
-    return {
-        "services": len(keys),
-        "burst_apply_s": round(applied_s, 2),
-        "burst_all_children_s": round(max(children.values()) - started, 2),
-        "burst_all_ready_s": round(max(ready_at.values()) - started, 2),
-    }
+    result["burst_all_ready_s"] = round(max(ready_at.values()) - started, 2)
 
 
-def steady_phase(f: Fleet) -> dict[str, Any]:
+def steady_phase(f: Fleet, result: dict[str, Any]) -> None:
     count = int(f.scale.rate_per_s * f.scale.steady_s)
+    result.update(steady_services=count, steady_rate_per_s=f.scale.rate_per_s)
     sent = f.apply("steady", count, per_s=f.scale.rate_per_s)
     children = f.wait(f.children, set(sent), "steady services with every child")
-    ready_at = f.wait(f.ready, set(sent), "steady services Ready")
     to_children = sorted(children[k] - sent[k] for k in sent)
+    result["steady_children_p50_s"] = round(statistics.median(to_children), 3)
+    result["steady_children_p99_s"] = round(_p99(to_children), 3)
+    ready_at = f.wait(f.ready, set(sent), "steady services Ready")
     to_ready = sorted(ready_at[k] - sent[k] for k in sent)
-    return {
-        "steady_services": count,
-        "steady_rate_per_s": f.scale.rate_per_s,
-        "steady_children_p50_s": round(statistics.median(to_children), 3),
-        "steady_children_p99_s": round(_p99(to_children), 3),
-        "steady_ready_p50_s": round(statistics.median(to_ready), 3),
-        "steady_ready_p99_s": round(_p99(to_ready), 3),
-    }
+    result["steady_ready_p50_s"] = round(statistics.median(to_ready), 3)
+    result["steady_ready_p99_s"] = round(_p99(to_ready), 3)
 
 
-def idle_phase(f: Fleet) -> dict[str, Any]:
+def idle_phase(f: Fleet, result: dict[str, Any]) -> None:
     services = len(f.ready.seen)
     before = f.counters()
     time.sleep(f.scale.idle_s)
     idle = f.counters().since(before)
     minutes = idle["at"] / 60
-    return {
-        "idle": idle,
-        "idle_services": services,
-        "idle_api_requests_per_service_per_min": round(idle["operator_requests"] / services / minutes, 4),
-    }
+    result["idle"], result["idle_services"] = idle, services
+    result["idle_api_requests_per_service_per_min"] = round(idle["operator_requests"] / services / minutes, 4)
 
 
 def finish(result: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +272,8 @@ def finish(result: dict[str, Any]) -> dict[str, Any]:
 
 def _summary(r: dict[str, Any]) -> str:
     if "timed_out" in r:
-        return f"TIMED OUT: {r['timed_out']}"
+        measured = ", ".join(f"{k}={r[k]}" for k in TARGETS if k in r)
+        return f"TIMED OUT: {r['timed_out']}; measured before: {measured or 'nothing'}"
     return (
         f"{r['services']} services burst: children {r['burst_all_children_s']}s vs raw "
         f"{r['burst_raw_create_s']}s ({r['burst_children_over_raw']}x), Ready {r['burst_all_ready_s']}s; "

@@ -164,6 +164,12 @@ def controller_manager_argv(bin_dir: Path, layout: Layout, ports: Ports, network
         # The default client rate (20/s, burst 30) makes the controller-manager, not the code under
         # test, the bottleneck of anything creating hundreds of pods (the operator benchmark).
         *API_RATE_FLAGS,
+        # KWOK renews its fake nodes' leases through the same API server. Saturated (the operator
+        # benchmark's 1,000-service burst on a small machine), a renewal can lag past the default
+        # 50 s; the node controller would then mark every pod on the node NotReady, which KWOK's
+        # pod-ready stage cannot undo (it re-patches the immutable podIPs), so services never
+        # became Ready again. A real node that stops renewing for 5 minutes is still noticed.
+        "--node-monitor-grace-period=5m",
         "--leader-elect=false",
         "--profiling=false",
         f"--v={LOG_LEVEL}",
