@@ -80,7 +80,7 @@ class ManagedProcess:
         try:
             self.popen.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            log.warning("process did not stop on SIGTERM, killing", extra={"process": self.name})
+            log.warning("process did not stop on SIGTERM, killing", extra={"component": self.name})
         # The leader may be gone while children it forked still hold the group.
         _signal_group(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -120,7 +120,7 @@ def start_process(
     if die_with_parent:
         with _live_lock:
             _live[popen.pid] = process
-    log.debug("started", extra={"process": name, "pid": popen.pid})
+    log.debug("started", extra={"component": name, "pid": popen.pid})
     return process
 
 
