@@ -132,6 +132,7 @@ def ttft_by_tier(
 
 
 def run() -> dict[str, Any]:
+    kvtier_hits.trace_paths()  # before the long passes: fail at once when the traces are missing
     root = Path(tempfile.mkdtemp(prefix="kvbench-", dir="/tmp"))
     try:
         result: dict[str, Any] = bandwidth(root)

@@ -79,10 +79,19 @@ def depth_sweep(trace: Trace) -> dict[str, float]:
     return {str(d): round(simulate.hit_ratio(trace, 5000, EVICTION, "adaptive", d), 4) for d in SWEEP}
 
 
+def trace_paths() -> list[Path]:
+    """The traces to replay; an error naming the directory when there are none (a table
+    silently left empty would read as a result)."""
+    paths = sorted(traces_dir().glob("*.jsonl"))
+    if not paths:
+        raise FileNotFoundError(f"no *.jsonl traces in {traces_dir()}: set STRATA_TRACES_DIR")
+    return paths
+
+
 def run() -> dict[str, Any]:
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     sweep: dict[str, float] = {}
-    for path in sorted(traces_dir().glob("*.jsonl")):
+    for path in trace_paths():
         trace = simulate.load_trace(path)
         ratios[path.name] = table(trace)
         if "conversation" in path.name:
