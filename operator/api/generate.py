@@ -54,12 +54,20 @@ def crd_files() -> dict[str, str]:
     }
 
 
+def chart_policy(text: str) -> str:
+    """The policy as a chart template, behind admissionPolicy.install (one per cluster: a second
+    release leaves it to the first)."""
+    return f"{HEADER}{{{{- if .Values.admissionPolicy.install }}}}\n{text[len(HEADER) :]}{{{{- end }}}}\n"
+
+
 def rendered(root: Path = REPO_ROOT) -> dict[Path, str]:
     """Every generated file, by path relative to the repository root."""
     files: dict[Path, str] = {}
     for name, text in crd_files().items():
         files[Path("crds") / name] = text
-        files[CHART_POLICY if name == POLICY_FILE else CHART_CRDS / name] = text
+        files[CHART_POLICY if name == POLICY_FILE else CHART_CRDS / name] = (
+            chart_policy(text) if name == POLICY_FILE else text
+        )
     files[CHART_VALUES_SCHEMA] = json.dumps(values_schema(), indent=2, sort_keys=True) + "\n"
     files[Path(RULES_FILE)] = rules_file()
     files[Path(DASHBOARD_FILE)] = dashboard_json()

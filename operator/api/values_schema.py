@@ -99,6 +99,12 @@ def operator_schema() -> JsonDict:
             "description": "Peering priority: `auto` (random per pod start) or an integer.",
             "anyOf": [{"type": "integer"}, {"type": "string", "enum": ["auto"]}],
         },
+        watchNamespaces={
+            "type": "array",
+            "description": "Namespaces this release serves (one replica); empty: all.",
+            "uniqueItems": True,
+            "items": string("A namespace.", pattern=DNS_LABEL, maxLength=63),
+        },
         logFormat=string("Log format.", enum=["json", "plain"]),
         metricsPort=port("Prometheus metrics port."),
         livenessPort=port("kopf liveness (/healthz) port."),
@@ -183,6 +189,10 @@ def values_schema() -> JsonDict:
                 "propertyNames": {"pattern": DNS_LABEL, "maxLength": 63},
                 "additionalProperties": tier,
             },
+        ),
+        admissionPolicy=obj(
+            "The tier-limits ValidatingAdmissionPolicy (one per cluster).",
+            install=boolean("Install the policy and its binding."),
         ),
         crds=obj("CRD upgrades.", upgrade=boolean("Apply this version's CRDs in a pre-upgrade hook Job.")),
         monitoring=monitoring_schema(),

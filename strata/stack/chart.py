@@ -23,6 +23,8 @@ CHART = REPO_ROOT / "charts" / "strata"
 RELEASE = "strata"
 SYSTEM_NAMESPACE = "strata-system"
 SERVICE_ACCOUNT = RELEASE  # the chart names its ServiceAccount after the release
+# Cluster-scoped objects carry the namespace too (the ClusterKopfPeering among them).
+PEERING = f"{RELEASE}-{SYSTEM_NAMESPACE}"
 ADMISSION_TIMEOUT_S = 120.0
 NOT_YET_ADMITTED = "paramKind"  # the policy's parameter kind is not discovered yet
 
@@ -57,13 +59,15 @@ def _apply_crds(cluster: Cluster) -> None:
                 cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 
-def wait_admitted(cluster: Cluster, timeout_s: float = ADMISSION_TIMEOUT_S) -> None:
+def wait_admitted(
+    cluster: Cluster, timeout_s: float = ADMISSION_TIMEOUT_S, namespace: str = SYSTEM_NAMESPACE
+) -> None:
     """Until a server-side dry-run create of an InferenceService passes the admission policy."""
     probe = yaml.safe_dump(inference_service("admission-probe"))
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            cluster.kubectl("create", "--dry-run=server", "-n", SYSTEM_NAMESPACE, "-f", "-", input=probe)
+            cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=probe)
             return
         except KubectlError as exc:
             if NOT_YET_ADMITTED not in str(exc):

@@ -157,12 +157,16 @@ def test_pull_secrets_annotations_and_labels_reach_the_pods() -> None:
 def test_fullname_override_names_every_object_and_the_peering_follows_the_release() -> None:
     docs = render("fullnameOverride=llm")
     named = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("Deployment", "llm"), ("Service", "llm-metrics"), ("ClusterRole", "llm")} <= named
+    assert {("Deployment", "llm"), ("Service", "llm-metrics"), ("ClusterRole", "llm-strata-system")} <= named
     (deployment,) = by_kind(docs, "Deployment")
-    assert "--peering=llm" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--peering=llm-strata-system" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     # Two releases never share a peering object (they would pause each other's replicas).
     other = by_kind(render(release="other"), "ClusterKopfPeering")[0]["metadata"]["name"]
-    assert other == "other-strata" != by_kind(render(), "ClusterKopfPeering")[0]["metadata"]["name"]
+    assert (
+        other
+        == "other-strata-strata-system"
+        != by_kind(render(), "ClusterKopfPeering")[0]["metadata"]["name"]
+    )
 
 
 def test_admission_policy_is_a_template_so_helm_upgrades_it() -> None:
@@ -212,8 +216,8 @@ def test_two_replicas_use_peering_with_random_priorities():
     (deployment,) = by_kind(render(), "Deployment")
     assert deployment["spec"]["replicas"] == 2
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--peering=strata" in args and "--priority=auto" in args
-    assert by_kind(render(), "ClusterKopfPeering")[0]["metadata"]["name"] == "strata"
+    assert "--peering=strata-strata-system" in args and "--priority=auto" in args
+    assert by_kind(render(), "ClusterKopfPeering")[0]["metadata"]["name"] == "strata-strata-system"
 
 
 def test_one_replica_runs_standalone():
@@ -228,7 +232,7 @@ def test_default_tiers_are_installed_behind_a_toggle():
 
 
 def test_rbac_grants_no_wildcards_no_secrets_and_no_gets_of_what_is_watched():
-    (role,) = [r for r in by_kind(render(), "ClusterRole") if r["metadata"]["name"] == "strata"]
+    (role,) = [r for r in by_kind(render(), "ClusterRole") if r["metadata"]["name"] == "strata-strata-system"]
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
         assert "secrets" not in rule["resources"]
@@ -244,7 +248,9 @@ def test_rbac_grants_no_wildcards_no_secrets_and_no_gets_of_what_is_watched():
         "pods",
     ):
         assert "get" not in reads[resource] and {"list", "watch"} <= reads[resource], resource
-    (binding,) = [b for b in by_kind(render(), "ClusterRoleBinding") if b["metadata"]["name"] == "strata"]
+    (binding,) = [
+        b for b in by_kind(render(), "ClusterRoleBinding") if b["metadata"]["name"] == "strata-strata-system"
+    ]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "strata", "namespace": "strata-system"}]
 
 
@@ -315,10 +321,73 @@ def test_crds_apply_upgrades_an_older_crd_under_the_hooks_rbac(cluster: Cluster,
         assert denied.stdout.strip() == "no"
     finally:
         cluster.kubectl(
-            "delete", "clusterrole,clusterrolebinding", "obs-strata-crds-upgrade", "--ignore-not-found"
+            "delete",
+            "clusterrole,clusterrolebinding",
+            f"obs-strata-{namespace}-crds-upgrade",
+            "--ignore-not-found",
         )
 
 
 def _columns(cluster: Cluster) -> list[str]:
     crd = cluster.kubectl_json("get", "crd", "servicetiers.strata.dev", "-o", "json")
     return [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterKopfPeering",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ServiceTier",
+}
+# What a second release in the same cluster leaves to the first (one per cluster).
+SECOND_RELEASE = (
+    "admissionPolicy.install=false",
+    "serviceTiers.install=false",
+    "crds.upgrade=false",
+    "operator.replicas=1",
+)
+
+
+def cluster_scoped(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
+
+
+def test_a_second_release_of_the_same_name_shares_no_cluster_scoped_name() -> None:
+    def release(namespace: str, *sets: str) -> list[dict[str, Any]]:
+        argv = ["template", "strata", str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION]
+        for s in ("crds.upgrade=true", *sets):  # the hook's ClusterRole too
+            argv += ["--set", s]
+        return [d for d in yaml.safe_load_all(helm(*argv)) if d]
+
+    first = cluster_scoped(release("team-a", "operator.watchNamespaces={a1,a2}", "operator.replicas=1"))
+    second = cluster_scoped(release("team-b", *SECOND_RELEASE, "operator.watchNamespaces={b1}"))
+    assert ("ClusterRole", "strata-team-a") in first and ("ClusterRole", "strata-team-b") in second
+    assert first.isdisjoint(second)
+    # Hook objects (rendered only on upgrade) are cluster-scoped too.
+    hooks = [d for d in release("team-b") if d["kind"] == "ClusterRole"]
+    assert {h["metadata"]["name"] for h in hooks} == {"strata-team-b", "strata-team-b-crds-upgrade"}
+    assert {kind for kind, _ in second} == {"ClusterRole", "ClusterRoleBinding"}
+
+
+def test_watch_namespaces_limit_the_operator_and_its_pod_monitors() -> None:
+    argv = ["template", "strata", str(CHART), "-n", "team-b", "--kube-version", KUBE_VERSION]
+    argv += ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]
+    argv += ["--set", "operator.replicas=1", "--set", "operator.watchNamespaces={b1,b2}"]
+    docs = [d for d in yaml.safe_load_all(helm(*argv)) if d]
+    (deployment,) = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--standalone" in args and args[-2:] == ["--namespace=b1", "--namespace=b2"]
+    monitors = by_kind(docs, "PodMonitor")
+    assert len(monitors) == 2
+    assert all(m["spec"]["namespaceSelector"] == {"matchNames": ["b1", "b2"]} for m in monitors)
+    # Cluster-wide (the default): every namespace.
+    default = [d for d in yaml.safe_load_all(helm(*argv[:-4])) if d]
+    assert all(m["spec"]["namespaceSelector"] == {"any": True} for m in by_kind(default, "PodMonitor"))
+
+
+def test_watch_namespaces_with_peered_replicas_are_refused_naming_the_value() -> None:
+    error = template_error("operator.watchNamespaces={b1}")  # two replicas, peering on
+    assert "operator.watchNamespaces" in error and "operator.replicas=1" in error
+    assert "operator/watchNamespaces" in template_error("operator.watchNamespaces={Bad_Name}")

@@ -10,6 +10,7 @@ import pytest
 
 from strata.cluster.cluster import Cluster
 from strata.stack import OperatorProcess, get, inference_service, install_chart, items, wait_for, wait_ready
+from strata.stack.chart import PEERING
 
 pytestmark = pytest.mark.cluster
 
@@ -69,7 +70,7 @@ def test_two_replicas_one_active_and_a_standby_takes_over(
     cluster: Cluster, namespace: str, kubeconfig: Path, tmp_path: Path
 ):
     def start(name: str, priority: int) -> OperatorProcess:
-        args = ["--peering=strata", f"--priority={priority}"]
+        args = [f"--peering={PEERING}", f"--priority={priority}"]
         return OperatorProcess(kubeconfig, tmp_path / f"{name}.log", args=args, peering_lifetime_s=8).start()
 
     low = start("low", 100)
@@ -81,7 +82,7 @@ def test_two_replicas_one_active_and_a_standby_takes_over(
         cluster.apply(inference_service("one"), namespace)
         wait_ready(cluster, namespace, "one")
         assert reconciles(high) > high_before and reconciles(low) == low_before, "one active writer only"
-        peering: dict[str, Any] = get(cluster, "clusterkopfpeering", "strata")
+        peering: dict[str, Any] = get(cluster, "clusterkopfpeering", PEERING)
         assert len(peering.get("status", {})) >= 2
 
         high.kill()  # no goodbye: its peering record must expire first

@@ -30,13 +30,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else }}{{ default "default" .Values.serviceAccount.name }}{{ end }}
 {{- end }}
 
+{{/* Cluster-scoped objects (ClusterRoles and their bindings, the ClusterKopfPeering) carry the
+     release namespace too: Helm release names are unique only within a namespace, and two
+     releases named "strata" in two namespaces must not fight over one ClusterRole. */}}
+{{- define "strata.clusterName" -}}
+{{- printf "%s-%s" (include "strata.fullname" .) .Release.Namespace | trunc 253 | trimSuffix "-" }}
+{{- end }}
+
 {{/* One ClusterKopfPeering per release, so two releases never pause each other. */}}
 {{- define "strata.peeringName" -}}
-{{- default (include "strata.fullname" .) .Values.operator.peering.name }}
+{{- default (include "strata.clusterName" .) .Values.operator.peering.name }}
 {{- end }}
 
 {{- define "strata.peered" -}}
-{{- if and .Values.operator.peering.enabled (gt (int .Values.operator.replicas) 1) }}true{{ end }}
+{{- if and .Values.operator.peering.enabled (gt (int .Values.operator.replicas) 1) }}
+{{- if .Values.operator.watchNamespaces }}
+{{- fail "operator.watchNamespaces: an operator limited to namespaces peers through namespaced KopfPeerings, which this chart does not install, and runs no autoscaler with them; set operator.replicas=1 (or operator.peering.enabled=false)" }}
+{{- end }}true{{ end }}
 {{- end }}
 
 {{- define "strata.image" -}}

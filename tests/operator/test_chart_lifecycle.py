@@ -1,0 +1,110 @@
+"""`helm install`, a second release beside the first, `helm upgrade` and `helm uninstall` on the
+test control plane, as docs/operator.md ("Upgrades and uninstall", "Several releases in one
+cluster") says they behave. The operator pods land on KWOK nodes (nothing runs): this is about
+what Helm creates, changes and removes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from strata.cluster import Cluster
+from strata.stack import get, inference_service
+from strata.stack.chart import CHART, RELEASE, SYSTEM_NAMESPACE, install_chart, wait_admitted
+
+pytestmark = pytest.mark.cluster
+
+SECOND_RELEASE = (
+    "admissionPolicy.install=false",
+    "serviceTiers.install=false",
+    "crds.upgrade=false",
+    "operator.replicas=1",
+)
+POLICY = "strata-inferenceservice-tier-limits"
+
+
+def helm(cluster: Cluster, *args: str) -> str:
+    argv = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def release(cluster: Cluster, verb: str, namespace: str, *options: str) -> str:
+    """``helm <verb> strata`` in ``namespace``; options are flags (``--x``) or values (``a.b=c``)."""
+    argv = [a for o in options for a in ((o,) if o.startswith("--") else ("--set", o))]
+    return helm(cluster, verb, RELEASE, str(CHART), "-n", namespace, *argv)
+
+
+def owner(obj: dict[str, Any] | None) -> str | None:
+    """The namespace of the release that owns ``obj`` (Helm's annotation), None if absent."""
+    return None if obj is None else obj["metadata"]["annotations"].get("meta.helm.sh/release-namespace")
+
+
+@pytest.fixture
+def two_namespaces(cluster: Cluster) -> Iterator[tuple[str, str]]:
+    """Two fresh namespaces; afterwards the session's own release (strata.stack), if it was
+    installed, gets back the tiers and the policy that the first release here took over."""
+    suffix = uuid.uuid4().hex[:6]
+    names = (f"strata-a-{suffix}", f"strata-b-{suffix}")
+    stack_installed = get(cluster, "deployment", RELEASE, SYSTEM_NAMESPACE) is not None
+    for name in names:
+        cluster.kubectl("create", "namespace", name)
+    try:
+        yield names
+    finally:
+        for name in names:
+            helm_quiet(cluster, "uninstall", RELEASE, "-n", name, "--ignore-not-found")
+            cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+        if stack_installed:
+            install_chart(cluster)
+
+
+def helm_quiet(cluster: Cluster, *args: str) -> None:
+    argv = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), *args]
+    subprocess.run(argv, capture_output=True, timeout=300, check=False)
+
+
+def test_two_releases_install_upgrade_and_uninstall_as_documented(
+    cluster: Cluster, two_namespaces: tuple[str, str]
+) -> None:
+    a, b = two_namespaces
+    # The first release: everything, the one-per-cluster objects included (taking them over from
+    # the session's own release when there is one). No --skip-crds: Helm skips existing CRDs.
+    release(cluster, "install", a, "--take-ownership", "operator.replicas=1")
+    # A second release of the same name in another namespace, without them: no name collides.
+    release(cluster, "install", b, "--skip-crds", *SECOND_RELEASE, f"operator.watchNamespaces={{{b}}}")
+    for ns in (a, b):
+        binding = get(cluster, "clusterrolebinding", f"{RELEASE}-{ns}")
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": ns}]
+    assert owner(get(cluster, "servicetier", "premium")) == a
+    assert owner(get(cluster, "validatingadmissionpolicy", POLICY)) == a
+    args = get(cluster, "deployment", RELEASE, b)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--namespace={b}" in args and "--standalone" in args
+
+    # Changed values reach the objects (the hook Job applies this version's CRDs first).
+    release(
+        cluster, "upgrade", a, "operator.replicas=1", "serviceTiers.tiers.premium.cache.dram.maxSize=123Gi"
+    )
+    assert get(cluster, "servicetier", "premium")["spec"]["cache"]["dram"]["maxSize"] == "123Gi"
+
+    wait_admitted(cluster, namespace=a)
+    cluster.kubectl("apply", "-n", a, "-f", "-", input=json.dumps(inference_service("kept")))
+    helm(cluster, "uninstall", RELEASE, "-n", b)
+    assert get(cluster, "clusterrole", f"{RELEASE}-{b}") is None
+    assert get(cluster, "servicetier", "premium") is not None, "the second release removed the first's tiers"
+    helm(cluster, "uninstall", RELEASE, "-n", a)
+    for kind, name in (
+        ("clusterrole", f"{RELEASE}-{a}"),
+        ("servicetier", "premium"),
+        ("validatingadmissionpolicy", POLICY),
+    ):
+        assert get(cluster, kind, name) is None, f"{kind} {name} outlived the uninstall"
+    # The CRDs stay, and with them every InferenceService.
+    assert get(cluster, "crd", "inferenceservices.strata.dev") is not None
+    assert get(cluster, "inferenceservice", "kept", a) is not None
