@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from strata.worker.block_events import parse_line
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.server import Sidecar
@@ -306,3 +307,32 @@ def test_dram_reads_carry_the_checksum_once_sealed_unless_verification_is_off(ro
     expected = [checksum(payload(0)), checksum(payload(1))] if verify else [None, None]
     assert [crc for _, crc in found] == expected
     service.close()
+
+
+def test_block_events_stream_each_tiers_holdings_and_changes(root):
+    """GET /kv/events: the snapshot of what every tier holds (NVMe recovered from its log too),
+    then the changes as blocks move, and pings; the stream ends when the sidecar stops."""
+    port = free_port()
+    config = kvtier_config(root, write_mode="write-through")
+    sidecar = Sidecar(config, block_bytes=BLOCK, metrics_port=port)
+    sidecar.start()
+    try:
+        put(sidecar.service, [0, 1])
+        stream = urllib.request.urlopen(f"http://127.0.0.1:{port}/kv/events", timeout=10)
+        events = [parse_line(stream.readline()) for _ in range(3)]
+        held = {e.tier: set(e.blocks) for e in events if e.kind == "snapshot"}
+        assert held == {"dram": {key(0), key(1)}, "nvme": {key(0), key(1)}}
+        assert events[-1].kind == "synced"
+        put(sidecar.service, [2])
+        changes: set[tuple[str, str, bytes]] = set()
+        kinds: set[str] = set()
+        deadline = time.monotonic() + 30
+        while not {("stored", "dram", key(2)), ("stored", "nvme", key(2))} <= changes or "ping" not in kinds:
+            assert time.monotonic() < deadline, (changes, kinds)
+            event = parse_line(stream.readline())
+            kinds.add(event.kind)
+            changes |= {(event.kind, event.tier, b) for b in event.blocks}
+    finally:
+        sidecar.stop()
+    rest = stream.read()  # returns: the stream ended with the sidecar
+    assert all(parse_line(line) for line in rest.splitlines())

@@ -35,18 +35,23 @@ class WorkerProcess:
 
 
 def _wait_ready(worker: WorkerProcess) -> None:
-    deadline = time.monotonic() + READY_WITHIN_S
+    wait_ok(worker.base_url + "/ready", worker.proc, worker.log_path, READY_WITHIN_S)
+
+
+def wait_ok(url: str, proc: subprocess.Popen[bytes], log_path: Path, within_s: float) -> None:
+    """Until ``url`` answers 200; fails with the process's log if it exits or time runs out."""
+    deadline = time.monotonic() + within_s
     while True:
         try:
-            with urllib.request.urlopen(worker.base_url + "/ready", timeout=5) as resp:
+            with urllib.request.urlopen(url, timeout=5) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             pass
-        if worker.proc.poll() is not None:
-            raise AssertionError(f"worker exited {worker.proc.returncode}:\n{worker.log_path.read_text()}")
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args!r} exited {proc.returncode}:\n{log_path.read_text()}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"worker not ready after {READY_WITHIN_S} s:\n{worker.log_path.read_text()}")
+            raise AssertionError(f"{url} not answering 200 after {within_s} s:\n{log_path.read_text()}")
         time.sleep(0.2)
 
 

@@ -10,8 +10,9 @@ engine can hand the block's data to the KV tiers before the id is written again.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from strata.worker.kv_connector import BlockRef
 
@@ -30,6 +31,14 @@ class Eviction:
     ref: BlockRef
 
 
+class BlockListener(Protocol):
+    """Told of every block entering or leaving the HBM prefix cache (``strata.worker.block_events``)."""
+
+    def stored(self, tier: str, keys: Iterable[bytes]) -> None: ...
+
+    def removed(self, tier: str, keys: Iterable[bytes]) -> None: ...
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
@@ -40,6 +49,12 @@ class BlockManager:
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced, oldest first
         self._by_hash: dict[bytes, int] = {}
         self._evictions: list[Eviction] = []
+        self.listener: BlockListener | None = None
+
+    def attach(self, listener: BlockListener) -> None:
+        """Report cache changes to ``listener`` from now on, starting with what is cached now."""
+        self.listener = listener
+        listener.stored("hbm", list(self._by_hash))
 
     @property
     def num_blocks(self) -> int:
@@ -78,6 +93,8 @@ class BlockManager:
         assert block.ref is not None
         del self._by_hash[block.ref.hash]
         self._evictions.append(Eviction(block_id, block.ref))
+        if self.listener is not None:
+            self.listener.removed("hbm", [block.ref.hash])
         block.ref, block.token_ids = None, ()
 
     def take_evictions(self) -> list[Eviction]:
@@ -109,6 +126,8 @@ class BlockManager:
         block = self.blocks[block_id]
         block.ref, block.token_ids = ref, tuple(token_ids)
         self._by_hash[ref.hash] = block_id
+        if self.listener is not None:
+            self.listener.stored("hbm", [ref.hash])
         return True
 
     def release(self, block_ids: Sequence[int]) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from strata.worker import request_limits
 from strata.worker.chat_template import ChatTemplate, load_chat_template
 from strata.worker.config import EngineConfig, WorkerConfig
 from strata.worker.engine.block_manager import BlockManager
@@ -29,15 +30,8 @@ from strata.worker.models.errors import ModelLoadError
 from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
 from strata.worker.models.llama import LlamaForCausalLM
 from strata.worker.models.loader import DTYPES, load_model
+from strata.worker.request_limits import RequestError as RequestError  # re-exported
 from strata.worker.tokenizer import Tokenizer, load_tokenizer
-
-
-class RequestError(ValueError):
-    """A request the engine cannot take; ``field`` names the offending request field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -161,20 +155,8 @@ class LLMEngine:
         return seq
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not token_ids:
-            raise RequestError("prompt", "must not be empty")
-        if params.max_tokens < 1:
-            raise RequestError("max_tokens", "must be at least 1")
-        if len(token_ids) + params.max_tokens > self.max_context:
-            field = "prompt" if len(token_ids) >= self.max_context else "max_tokens"
-            raise RequestError(
-                field,
-                f"prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-                f"context of {self.max_context} tokens",
-            )
         vocab = self.runner.model.config.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise RequestError("prompt", f"token ids must be in [0, {vocab})")
+        request_limits.check(token_ids, params.max_tokens, self.max_context, vocab)
         if any(not 0 <= t < vocab for t in params.stop_token_ids):
             raise RequestError("stop_token_ids", f"token ids must be in [0, {vocab})")
         if -(-(len(token_ids) + params.max_tokens) // self.block_size) > self.blocks.num_blocks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from strata.worker.kvtier import policy
 from strata.worker.kvtier.admission import make_admission
@@ -26,6 +27,14 @@ class Entry:
     slot: int = -1
     checksum: int | None = None  # of the block's bytes; None until the sidecar took it
     tick: int = 0  # logical recency, kept when the block is made (un)evictable
+
+
+class IndexListener(Protocol):
+    """Told of every block entering or leaving a tier (``strata.worker.block_events``)."""
+
+    def stored(self, tier: str, keys: Iterable[Any]) -> None: ...
+
+    def removed(self, tier: str, keys: Iterable[Any]) -> None: ...
 
 
 class TierIndex:
@@ -47,6 +56,13 @@ class TierIndex:
         self._recency: OrderedDict[Key, None] = OrderedDict()  # unpinned, oldest first: retention
         self._expected: Counter[Key] = Counter()
         self._tick = 0
+        self._listener: IndexListener | None = None
+        self._tier = ""
+
+    def watch(self, listener: IndexListener, tier: str) -> None:
+        """Report additions and removals to ``listener`` as ``tier``, starting with what is held."""
+        self._listener, self._tier = listener, tier
+        listener.stored(tier, list(self._entries))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -109,6 +125,8 @@ class TierIndex:
         self._order.add(key, entry.parent, entry.priority, self._tick, self._evictable(key, entry))
         if not entry.pinned:
             self._recency[key] = None
+        if self._listener is not None:
+            self._listener.stored(self._tier, [key])
 
     def _evictable(self, key: Key, entry: Entry) -> bool:
         return not entry.pinned and key not in self._expected
@@ -124,6 +142,8 @@ class TierIndex:
         entry = self._entries.pop(key)
         self._order.remove(key)
         self._recency.pop(key, None)
+        if self._listener is not None:
+            self._listener.removed(self._tier, [key])
         return entry
 
     def pin(self, key: Key) -> None:

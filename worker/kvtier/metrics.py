@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from strata.worker import block_events
+from strata.worker.block_events import BlockEvents
 
 _PREFIX = "strata_kvtier_"
 _LATENCY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
@@ -62,20 +66,49 @@ class TierMetrics:
         return bytes(generate_latest(self.registry))
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    closing: threading.Event
+
+    def shutdown(self) -> None:
+        self.closing.set()  # ends the block-event streams, whose threads would outlive us
+        super().shutdown()
+
+
 def serve_http(
-    port: int, metrics: TierMetrics, healthy: Callable[[], bool], host: str = "0.0.0.0"
+    port: int,
+    metrics: TierMetrics,
+    healthy: Callable[[], bool],
+    host: str = "0.0.0.0",
+    events: BlockEvents | None = None,
 ) -> ThreadingHTTPServer:
-    """Serve /metrics and /health on a daemon thread; returns the server (``shutdown()`` it)."""
+    """Serve /metrics, /health and (with ``events``) the tiers' block events on /kv/events, on
+    daemon threads; returns the server (``shutdown()`` it)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path == "/metrics":
+            if self.path == block_events.PATH and events is not None:
+                self._stream(events)
+            elif self.path == "/metrics":
                 self._reply(200, metrics.render(), CONTENT_TYPE_LATEST)
             elif self.path == "/health":
                 ok = healthy()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"not ready\n", "text/plain")
             else:
                 self._reply(404, b"not found\n", "text/plain")
+
+        def _stream(self, events: BlockEvents) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.end_headers()
+            self.wfile.flush()
+
+            def write(data: bytes) -> None:
+                self.wfile.write(data)
+                self.wfile.flush()
+
+            with contextlib.suppress(OSError):  # the follower left
+                block_events.follow(events, write, server.closing)
 
         def _reply(self, code: int, body: bytes, content_type: str) -> None:
             self.send_response(code)
@@ -87,6 +120,7 @@ def serve_http(
         def log_message(self, format: str, *args: object) -> None:  # quiet at INFO
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _Server((host, port), Handler)
+    server.closing = threading.Event()
     threading.Thread(target=server.serve_forever, name="kvtier-http", daemon=True).start()
     return server

@@ -208,7 +208,8 @@ class Sidecar:
             target=self._server.serve_forever, args=(0.05,), name="kvtier-socket", daemon=True
         ).start()
         if self._metrics_port:
-            self._http = serve_http(self._metrics_port, self.metrics, lambda: self._server is not None)
+            healthy = lambda: self._server is not None  # noqa: E731
+            self._http = serve_http(self._metrics_port, self.metrics, healthy, events=self.service.events)
         threading.Thread(target=self._sweep_loop, name="kvtier-sweep", daemon=True).start()
         log.info("kvtier: serving on %s, metrics on :%s", path, self._metrics_port)
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.demoter import Demoter
@@ -64,6 +65,7 @@ class KVTierService:
         self.config = config
         self.background_demotion = background_demotion  # off: demotion only when room is needed
         self.metrics = metrics or TierMetrics()
+        self.events = BlockEvents()  # what each tier holds, for routers (GET /kv/events)
         self.staging_slots = staging_slots
         self.block_bytes = 0
         self.slot_bytes = 0
@@ -123,6 +125,9 @@ class KVTierService:
         lower = self.nvme is not None or self.shared is not None
         if self.background_demotion and cfg.write_mode == "write-back" and dram_slots and lower:
             self._demoter = Demoter(self._lock, self._mover, self.staging_slots)
+        for name, tier in (("dram", self.dram), ("nvme", self.nvme), ("shared", self.shared)):
+            if tier is not None:
+                tier.index.watch(self.events, name)
         self._publish_capacity()
         log.info("kvtier: dram %d, nvme %d slots of %d bytes", dram_slots, nvme_slots, self.slot_bytes)
 

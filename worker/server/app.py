@@ -11,30 +11,30 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from strata.worker.block_events import BlockEvents
 from strata.worker.logs import REQUEST_ID
+from strata.worker.server import block_stream
 from strata.worker.server.drain import Drain
 from strata.worker.server.engine_loop import EngineLoop
-from strata.worker.server.errors import ApiError
+from strata.worker.server.errors import ApiError, Handler, error_response, json_errors
 from strata.worker.server.generate import (
     DRAIN_KEY,
     LOOP_KEY,
     METRICS_KEY,
     REQUEST_ID_KEY,
-    error_response,
     generate,
 )
 from strata.worker.server.metrics import WorkerMetrics
 from strata.worker.server.request_id import HEADER as REQUEST_ID_HEADER
 from strata.worker.server.request_id import request_id
+from strata.worker.server.responses import model_list
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "STRATA_API_KEY"  # set from a Secret (InferenceService spec.pod.env); unset: open
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
@@ -71,19 +71,6 @@ def api_key_check(api_key: str) -> Middleware:
     return check
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return error_response(ApiError(exc.status, f"{request.method} {request.path}: {exc.reason}"))
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(ApiError(500, "internal error", kind="server_error"))
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
     return await generate(request, "completion")
 
@@ -94,14 +81,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     engine = request.app[LOOP_KEY].engine
-    card = {
-        "id": engine.config.model.name,
-        "object": "model",
-        "owned_by": "strata",
-        "created": 0,
-        "max_model_len": engine.max_context,
-    }
-    return web.json_response({"object": "list", "data": [card]})
+    return web.json_response(model_list(engine.config.model.name, engine.max_context))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -136,6 +116,9 @@ def build_app(loop: EngineLoop, drain: Drain | None = None, api_key: str | None 
     app[METRICS_KEY] = WorkerMetrics(
         loop, loop.engine.config.model.name, loop.engine.config.server.ttft_slo_s
     )
+    events = BlockEvents(status=loop.load_status)
+    loop.engine.blocks.attach(events)
+    block_stream.install(app, events)
 
     async def start(app: web.Application) -> None:
         loop.start(asyncio.get_running_loop())

@@ -53,6 +53,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.steps = 0
+        self.pending_tokens = 0  # prompt tokens queued or mid-prefill, as of the last step
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -75,6 +76,16 @@ class EngineLoop:
     @property
     def num_running(self) -> int:
         return len(self.engine.scheduler.running)
+
+    def load_status(self) -> dict[str, float]:
+        """What a router weighs: prompt tokens still to prefill here, and KV usage (any thread)."""
+        pending = self.pending_tokens + sum(len(h.token_ids) for h in list(self._inbox))
+        return {"pending_tokens": pending, "kv_usage": round(self.engine.blocks.usage, 4)}
+
+    def _count_pending(self) -> None:
+        scheduler = self.engine.scheduler
+        seqs = list(scheduler.waiting) + list(scheduler.running)
+        self.pending_tokens = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in seqs)
 
     def submit(
         self,
@@ -107,6 +118,7 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain()
+            self._count_pending()
             if not self.engine.has_unfinished():
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
@@ -118,6 +130,7 @@ class EngineLoop:
                 self._fail_all()
                 continue
             self.steps += 1
+            self._count_pending()
             for out in outputs:
                 handle = self._live.get(out.seq.seq_id)
                 if handle is None:

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from strata.worker.engine.llm_engine import RequestError
+from strata.worker import request_limits
 from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams, TokenLogprob
 from strata.worker.models.generation import GenerationDefaults
+from strata.worker.request_limits import RequestError
 from strata.worker.server.detok import Detokenizer
 from strata.worker.server.drain import DRAINING_HEADER, Drain, Outcome
 from strata.worker.server.engine_loop import EngineLoop, RequestHandle, TokenEvent
-from strata.worker.server.errors import ApiError
+from strata.worker.server.errors import ApiError, error_response, retry_after_s
 from strata.worker.server.metrics import WorkerMetrics
 from strata.worker.server.protocol import ApiRequest, Kind, parse_request
 from strata.worker.server.responses import LogprobsFormat, response_body, stream_chunk, usage, usage_chunk
@@ -31,17 +31,6 @@ REQUEST_ID_KEY = web.RequestKey("request_id", str)
 DRAIN_KEY = web.AppKey("drain", Drain)
 REFUSED = {"queue_timeout": 429, "queue_full": 429, "error": 500, "shutdown": 503}
 DRAINING_MESSAGE = "server shutting down: this replica is draining and takes no new requests; retry another"
-COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
-
-
-def error_response(err: ApiError, retry_after_s: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return web.json_response(err.body(), status=err.status, headers=headers)
-
-
-def retry_after_s(queue_timeout_s: float) -> int:
-    """A hint, not a promise: a fraction of how long the queue may take to move."""
-    return max(1, math.ceil(queue_timeout_s / 10))
 
 
 def _first(*values: Any) -> Any:
@@ -51,9 +40,8 @@ def _first(*values: Any) -> Any:
 def sampling_params(req: ApiRequest, gen: GenerationDefaults, room: int) -> SamplingParams:
     """The request's settings, else the model's generation_config.json, else OpenAI's defaults;
     ``room``: context left after the prompt."""
-    default_max = COMPLETION_MAX_TOKENS if req.kind == "completion" else room
     return SamplingParams(
-        max_tokens=req.max_tokens or min(default_max, gen.max_tokens or room, max(room, 1)),
+        max_tokens=request_limits.max_tokens(req.kind, req.max_tokens, gen.max_tokens, room),
         temperature=_first(req.temperature, gen.temperature, 1.0),
         top_p=_first(req.top_p, gen.top_p, 1.0),
         top_k=_first(req.top_k, gen.top_k, 0),

@@ -1,0 +1,210 @@
+"""Block events: which KV blocks a process holds in which tier, as a stream routers follow.
+
+The engine (HBM) and the KV-tier sidecar (DRAM, NVMe, shared) each own one :class:`BlockEvents`;
+their block bookkeeping calls ``stored``/``removed`` (from any thread, cheap: a lock and a list
+append per subscriber). Each subscriber first receives a full snapshot, then every change since,
+so a router that (re)connects has an exact view at once.
+
+The wire format is NDJSON over HTTP (``GET /kv/events``), one object per line:
+
+- ``{"event": "snapshot", "instance": ID, "tier": T, "blocks": [HEX, ...]}``: part of the
+  snapshot (one or more lines per tier);
+- ``{"event": "synced", "instance": ID}``: the snapshot is complete;
+- ``{"event": "stored" | "removed", "tier": T, "blocks": [HEX, ...]}``: changes, in order;
+- ``{"event": "ping", "status": {...}}``: at least every ``HEARTBEAT_S`` seconds, so a silent
+  stream means a dead or hung process; ``status`` carries the producer's load, when it has one
+  (the worker: ``pending_tokens``, ``kv_usage``).
+
+A subscriber that falls more than ``MAX_BACKLOG`` changes behind is cut off (its stream ends);
+it reconnects and starts again from a snapshot. Torch-free: the router parses these lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+PATH = "/kv/events"
+HEARTBEAT_S = 1.0
+MAX_BACKLOG = 1 << 18
+LINE_BLOCKS = 1024  # most hashes per line (~36 KB), so a follower's line buffer stays small
+TIERS = ("hbm", "dram", "nvme", "shared")
+
+Change = tuple[str, str, bytes]  # (stored | removed, tier, block hash)
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One follower's queue of changes; ``wake`` is called (from the producer's thread) when
+    changes arrive, to wake the thread or event loop that writes the stream."""
+
+    wake: Callable[[], None]
+    limit: int = MAX_BACKLOG
+    snapshot: list[str] = field(default_factory=list)
+    overflowed: bool = False
+    _changes: list[Change] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def push(self, change: Change) -> None:
+        with self._lock:
+            if len(self._changes) >= self.limit:
+                self.overflowed = True
+            else:
+                self._changes.append(change)
+        self.nudge()
+
+    def nudge(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the writer's event loop closed: nothing to wake
+            self.wake()
+
+    def drain(self) -> list[str]:
+        """The lines to write now: the snapshot first, then the changes, runs batched per line."""
+        with self._lock:
+            changes, self._changes = self._changes, []
+            lines, self.snapshot = self.snapshot, []
+        return lines + list(_batched(changes))
+
+
+class BlockEvents:
+    """The holdings of one process by tier, and its subscribers."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.instance = uuid.uuid4().hex
+        self.status = status
+        self._held: dict[str, set[bytes]] = {}
+        self._subscribers: list[Subscription] = []
+        self._lock = threading.Lock()
+
+    def stored(self, tier: str, keys: Iterable[bytes]) -> None:
+        self._change("stored", tier, keys)
+
+    def removed(self, tier: str, keys: Iterable[bytes]) -> None:
+        self._change("removed", tier, keys)
+
+    def _change(self, op: str, tier: str, keys: Iterable[bytes]) -> None:
+        with self._lock:
+            held = self._held.setdefault(tier, set())
+            for key in keys:
+                if (key in held) == (op == "removed"):  # only real changes go out
+                    (held.discard if op == "removed" else held.add)(key)
+                    for sub in self._subscribers:
+                        sub.push((op, tier, key))
+
+    def held(self, tier: str) -> set[bytes]:
+        with self._lock:
+            return set(self._held.get(tier, ()))
+
+    def subscribe(self, wake: Callable[[], None]) -> Subscription:
+        """A new follower: its first ``drain`` returns the snapshot, atomically with what follows."""
+        sub = Subscription(wake)
+        with self._lock:
+            sub.snapshot = list(self._snapshot_lines())
+            self._subscribers.append(sub)
+        sub.nudge()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subscribers:
+                self._subscribers.remove(sub)
+
+    def ping_line(self) -> str:
+        status = self.status() if self.status is not None else {}
+        return json.dumps({"event": "ping", "status": status})
+
+    def _snapshot_lines(self) -> Iterator[str]:
+        for tier, held in self._held.items():
+            keys = [k.hex() for k in held]
+            for start in range(0, len(keys), LINE_BLOCKS):
+                chunk = keys[start : start + LINE_BLOCKS]
+                line = {"event": "snapshot", "instance": self.instance, "tier": tier, "blocks": chunk}
+                yield json.dumps(line)
+        yield json.dumps({"event": "synced", "instance": self.instance})
+
+
+class Pacer:
+    """When a stream writer should add a ping: whenever ``HEARTBEAT_S`` passed since the last."""
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+
+    def due(self, now: float) -> bool:
+        if now - self.last < HEARTBEAT_S:
+            return False
+        self.last = now
+        return True
+
+
+def follow(events: BlockEvents, write: Callable[[bytes], None], stop: threading.Event) -> None:
+    """Write the stream from a thread until ``stop``, a failed ``write`` (the follower left, an
+    OSError) or an overflow (the follower reconnects for a fresh snapshot)."""
+    wake = threading.Event()
+    sub = events.subscribe(wake.set)
+    pacer = Pacer(time.monotonic())
+    try:
+        while not stop.is_set():
+            wake.wait(HEARTBEAT_S)
+            wake.clear()
+            lines = sub.drain()
+            if sub.overflowed:
+                return
+            if pacer.due(time.monotonic()):
+                lines.append(events.ping_line())
+            if lines:
+                write("".join(line + "\n" for line in lines).encode())
+    finally:
+        events.unsubscribe(sub)
+
+
+def _batched(changes: list[Change]) -> Iterator[str]:
+    """Consecutive changes with the same op and tier become one line (of at most LINE_BLOCKS)."""
+    i = 0
+    while i < len(changes):
+        op, tier, _ = changes[i]
+        j = i
+        while j < len(changes) and j - i < LINE_BLOCKS and changes[j][:2] == (op, tier):
+            j += 1
+        yield json.dumps({"event": op, "tier": tier, "blocks": [c[2].hex() for c in changes[i:j]]})
+        i = j
+
+
+# ---- the follower's side ----
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # snapshot, synced, stored, removed, ping
+    tier: str = ""
+    blocks: tuple[bytes, ...] = ()
+    instance: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+class BadEvent(ValueError):
+    """A line that is not a block event; the stream it came from is not to be trusted."""
+
+
+def parse_line(line: str | bytes) -> Event:
+    try:
+        obj = json.loads(line)
+        kind = obj["event"]
+        if kind not in ("snapshot", "synced", "stored", "removed", "ping"):
+            raise BadEvent(f"event: unknown kind {kind!r}")
+        tier = obj.get("tier", "")
+        if kind in ("snapshot", "stored", "removed") and tier not in TIERS:
+            raise BadEvent(f"tier: expected one of {TIERS}, got {tier!r}")
+        blocks = tuple(bytes.fromhex(h) for h in obj.get("blocks", ()))
+        status = obj.get("status") or {}
+        if not isinstance(status, dict):
+            raise BadEvent("status: expected an object")
+        return Event(kind, tier, blocks, str(obj.get("instance", "")), status)
+    except BadEvent:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BadEvent(f"not a block event: {exc}") from exc
