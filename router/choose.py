@@ -22,8 +22,9 @@ Two guards keep the cheapest-cache choice from hurting the fleet; a candidate fa
 ranked after every candidate that passes both (it stays in the fallback list):
 
 - bounded load: an endpoint whose load (pending plus recent tokens) exceeds ``load_bound`` times
-  the candidates' mean (the "consistent hashing with bounded loads" rule), so one hot shared
-  prefix (a system prompt everyone sends) cannot pile all traffic onto the replica holding it;
+  the mean load including this request's tokens (the "consistent hashing with bounded loads"
+  rule), so one hot shared prefix (a system prompt everyone sends) cannot pile all traffic onto
+  the replica holding it;
 - a full KV cache (``kv_usage >= kv_full``): the request would wait for blocks there.
 
 Lowest cost wins; exact ties are broken at random with ``rng``.
@@ -128,16 +129,16 @@ class Choice:
 
 def choose(prompt: Prompt, candidates: Sequence[Candidate], policy: Policy, rng: random.Random) -> Choice:
     """Rank ``candidates`` for ``prompt``, best first. Empty ``candidates``: an empty choice."""
-    bound = _load_bound(candidates, policy.load_bound)
+    bound = _load_bound(candidates, prompt.tokens, policy.load_bound)
     scored = [_score(prompt, c, policy, bound) for c in candidates]
     ranked = tuple(sorted(scored, key=lambda r: (not r.eligible, r.cost, rng.random())))
     return Choice(ranked, _reason(ranked, scored))
 
 
-def _load_bound(candidates: Sequence[Candidate], factor: float | None) -> float | None:
+def _load_bound(candidates: Sequence[Candidate], tokens: int, factor: float | None) -> float | None:
     if factor is None or not candidates:
         return None
-    return factor * sum(c.load for c in candidates) / len(candidates)
+    return factor * (sum(c.load for c in candidates) + tokens) / len(candidates)
 
 
 def _score(prompt: Prompt, candidate: Candidate, policy: Policy, bound: float | None) -> Ranked:

@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("strata.operator.cli", "run the InferenceService operator"),
     "worker": ("strata.worker.cli", "run the inference worker, or make a test model"),
     "kvtier": ("strata.worker.kvtier.cli", "run the tiered KV-cache sidecar"),
+    "router": ("strata.router.cli", "run the cache-aware router in front of a service's workers"),
     "demo": ("strata.demo.cli", "bring up the local platform end to end and show it working"),
     "sim": ("strata.sim.cli", "replay traces through a simulated fleet and compare autoscalers"),
 }

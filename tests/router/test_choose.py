@@ -83,7 +83,7 @@ def test_bounded_load_keeps_a_hot_shared_prefix_from_piling_onto_one_replica():
     load difference); the guard sends it elsewhere."""
     p = prompt(40)
     system_prompt = dict.fromkeys(range(40), "hbm")
-    cands = [cand("hot", system_prompt, load=500), cand("b", load=50), cand("c", load=50)]
+    cands = [cand("hot", system_prompt, load=550), cand("b"), cand("c")]
     unguarded = rank(p, cands, Policy(weights=WEIGHTS, load_bound=None))
     assert unguarded.order[0] == "hot"
     guarded = rank(p, cands, Policy(weights=WEIGHTS, load_bound=1.25))

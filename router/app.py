@@ -1,0 +1,105 @@
+"""The router's HTTP face: the OpenAI API (validated here, forwarded to a worker), the model
+card, health, readiness and metrics. Every refusal is an OpenAI-shaped error, as the worker's."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from strata.router.gate import Gate, Refused
+from strata.router.intake import Intake
+from strata.router.metrics import RouterMetrics
+from strata.router.proxy import Forwarder
+from strata.worker.logs import REQUEST_ID
+from strata.worker.server.errors import error_response, json_errors
+from strata.worker.server.protocol import ApiError, Kind
+from strata.worker.server.request_id import HEADER as REQUEST_ID_HEADER
+from strata.worker.server.request_id import request_id
+from strata.worker.server.responses import model_list
+
+BODY_LIMIT = 64 * 2**20  # as the workers'
+HEADER_PARSE_LIMIT = 64 * 1024  # parse larger headers than allowed, to refuse them in OpenAI's shape
+
+
+@dataclass(frozen=True)
+class Parts:
+    intake: Intake
+    gate: Gate
+    forwarder: Forwarder
+    metrics: RouterMetrics
+
+
+PARTS = web.AppKey("parts", Parts)
+
+
+async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
+    token = REQUEST_ID.set(request_id(request.headers))  # on this request's log lines
+    try:
+        return await _route(request, kind, time.monotonic())
+    finally:
+        REQUEST_ID.reset(token)
+
+
+async def _route(request: web.Request, kind: Kind, arrived: float) -> web.StreamResponse:
+    parts = request.app[PARTS]
+    try:
+        admitted = parts.intake.admit(await request.read(), kind, request.headers)
+        route = await parts.gate.enter(admitted.prompt, admitted.priority)
+    except ApiError as err:
+        parts.metrics.requests.labels("invalid", str(err.status)).inc()
+        return _error(request, err)
+    except Refused as refused:
+        parts.metrics.requests.labels(refused.reason, str(refused.status)).inc()
+        kind_ = "rate_limit_error" if refused.status == 429 else "server_error"
+        return _error(request, ApiError(refused.status, refused.message, kind=kind_), refused.retry_after_s)
+    parts.metrics.queue.labels(str(admitted.priority)).observe(route.queued_s)
+    try:
+        return await parts.forwarder.forward(request, admitted, route, arrived)
+    except ApiError as err:
+        return _error(request, err)
+
+
+def _error(request: web.Request, err: ApiError, retry_after_s: int | None = None) -> web.Response:
+    response = error_response(err, retry_after_s)
+    response.headers[REQUEST_ID_HEADER] = request_id(request.headers)
+    return response
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def models(request: web.Request) -> web.Response:
+    model = request.app[PARTS].intake.config.model
+    return web.json_response(model_list(model.name, model.max_context_tokens))
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = request.app[PARTS].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def build_app(parts: Parts) -> web.Application:
+    app = web.Application(
+        middlewares=[json_errors],
+        client_max_size=BODY_LIMIT,
+        handler_args={"max_field_size": HEADER_PARSE_LIMIT, "max_line_size": HEADER_PARSE_LIMIT},
+    )
+    app[PARTS] = parts
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", health)  # a router with no replica is still ready: it holds requests
+    app.router.add_get("/metrics", metrics_endpoint)
+    return app

@@ -1,0 +1,121 @@
+"""A request at the door: validated, tokenized and hashed exactly as the worker would.
+
+The worker's own pure pieces do the work (``protocol.parse_request``, its tokenizer and chat
+template, ``request_limits``, ``kv_connector.chain_hashes``), so a bad request gets the worker's
+error from the router without touching a worker, and the block hashes are the ones the workers
+report in their block events.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from strata.router.choose import Prompt
+from strata.router.config import PriorityConfig, RouterConfig
+from strata.worker import request_limits
+from strata.worker.chat_template import ChatTemplate, load_chat_template
+from strata.worker.kv_connector import chain_hashes, root_hash
+from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
+from strata.worker.server.protocol import ApiError, ApiRequest, Kind, parse_request
+from strata.worker.server.request_id import request_id
+from strata.worker.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+
+MAX_HEADER_BYTES = 8190  # aiohttp's default field limit, as the workers have it
+PASSED_ON = ("Authorization",)  # the caller's API key, for workers that require one
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request worth forwarding: the body to send, and what routing needs to know of it."""
+
+    api: ApiRequest
+    body: bytes
+    prompt: Prompt
+    priority: int
+    request_id: str
+    passed_on: dict[str, str]  # caller headers the worker must see too (its API key)
+
+
+class Intake:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        model = config.model
+        self.tokenizer: Tokenizer = load_tokenizer(model.path) if model.path else ByteTokenizer()
+        self.template: ChatTemplate | None = load_chat_template(model.path) if model.path else None
+        self.generation = (
+            load_generation_defaults(model.path, self.tokenizer) if model.path else GenerationDefaults()
+        )
+        self.root = root_hash(config.cache_namespace, model.name, config.block_size)
+
+    def admit(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Admitted:
+        """Raise the worker's :class:`ApiError` for a request no worker would serve."""
+        check_headers(headers)
+        body = _json(raw)
+        rid = request_id(headers)
+        api = parse_request(body, kind, self.config.model.name, self.template, rid)
+        token_ids = self._tokens(api)
+        self._check(api, token_ids)
+        priority = resolve_priority(self.config.priority, headers, api.priority)
+        if priority != api.priority:
+            body = {**body, "priority": priority}
+            raw = json.dumps(body).encode()
+        blocks = chain_hashes(self.root, token_ids, self.config.block_size)
+        prompt = Prompt(blocks, len(token_ids), self.config.block_size)
+        passed_on = {h: headers[h] for h in PASSED_ON if h in headers}
+        return Admitted(api, raw, prompt, priority, rid, passed_on)
+
+    def _check(self, api: ApiRequest, token_ids: list[int]) -> None:
+        """The engine's own checks, with the ``max_tokens`` the worker would give the request."""
+        model = self.config.model
+        room = model.max_context_tokens - len(token_ids)
+        max_tokens = request_limits.max_tokens(api.kind, api.max_tokens, self.generation.max_tokens, room)
+        try:
+            request_limits.check(token_ids, max_tokens, model.max_context_tokens, model.vocab_size)
+        except request_limits.RequestError as exc:
+            raise ApiError(400, str(exc), exc.field) from exc
+
+    def _tokens(self, api: ApiRequest) -> list[int]:
+        if isinstance(api.prompt, str):
+            return self.tokenizer.encode(api.prompt, add_special_tokens=not api.templated)
+        return list(api.prompt)
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    for name, value in headers.items():
+        if len(name) + len(value) > MAX_HEADER_BYTES:
+            raise ApiError(431, f"{name}: header larger than {MAX_HEADER_BYTES} bytes", name)
+
+
+def resolve_priority(config: PriorityConfig, headers: Mapping[str, str], asked: int | None) -> int:
+    """The header's priority, else the body's ``priority``, else the tier's; within the tier's
+    bounds or a 400 naming where it came from."""
+    raw = headers.get(config.header)
+    if raw is not None:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ApiError(
+                400, f"{config.header}: must be an integer, got {raw[:40]!r}", config.header
+            ) from None
+        return _bounded(config, value, config.header)
+    if asked is not None:
+        return _bounded(config, asked, "priority")
+    return config.default
+
+
+def _bounded(config: PriorityConfig, value: int, where: str) -> int:
+    if not config.min <= value <= config.max:
+        raise ApiError(
+            400, f"{where}: must be between {config.min} and {config.max} for this service's tier", where
+        )
+    return value
