@@ -21,6 +21,7 @@ from strata.operator.render.common import content_hash
 from strata.operator.render.configmap import render_configmap
 from strata.operator.render.pdb import render_pdb
 from strata.operator.render.priorityclass import render_priorityclass
+from strata.operator.render.router import render_router
 from strata.operator.render.services import render_client_service, render_metrics_service
 from strata.operator.render.storage import render_shared_claim
 from strata.operator.render.workload import render_workload
@@ -65,6 +66,8 @@ class Applier:
         written = Written()
         try:
             await asyncio.gather(*(self.apply_if_changed(m, written) for m in side))
+            for manifest in render_router(plan, self.settings):  # in order: account, rights, pods
+                await self.apply_if_changed(manifest, written)
             workload = render_workload(plan, self.settings)
             applied = await self.apply_if_changed(workload, written)
         finally:

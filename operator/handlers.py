@@ -33,6 +33,9 @@ CHILD_RESOURCES = (
     ("", "v1", "configmaps"),
     ("", "v1", "persistentvolumeclaims"),
     ("policy", "v1", "poddisruptionbudgets"),
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 )
 CHILD_KINDS = {
     "deployments": "Deployment",
@@ -41,6 +44,9 @@ CHILD_KINDS = {
     "configmaps": "ConfigMap",
     "persistentvolumeclaims": "PersistentVolumeClaim",
     "poddisruptionbudgets": "PodDisruptionBudget",
+    "serviceaccounts": "ServiceAccount",
+    "roles": "Role",
+    "rolebindings": "RoleBinding",
 }
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 MANAGED_SELECTOR = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
@@ -177,6 +183,15 @@ def ready_pods_by_service(
     return {key: pod} if key and pod else None
 
 
+@kopf.index("", "v1", "pods", labels=MANAGED)
+def ready_routers_by_service(
+    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[ServiceKey, PodRef] | None:
+    """The routers' pods, whose held requests wake a service at zero (autoscale/wake.py)."""
+    key, pod = owning_service(labels, namespace, names.ROUTER_APP), ready_pod(body)
+    return {key: pod} if key and pod else None
+
+
 def _runtime(memo: Any, indices: dict[str, Any]) -> Runtime:
     """The runtime, its views bound to kopf's indices (the same objects on every call)."""
     runtime: Runtime = memo["strata"]
@@ -187,6 +202,7 @@ def _runtime(memo: Any, indices: dict[str, Any]) -> Runtime:
             workloads=(indices["deployments_by_service"], indices["statefulsets_by_service"]),
             pods=indices["ready_pods_by_service"],
             services_by_tier=indices["services_by_tier"],
+            routers=indices["ready_routers_by_service"],
         )
     return runtime
 

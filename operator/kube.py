@@ -49,6 +49,11 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "Service"): Kind("", "v1", "services", True),
     ("v1", "PersistentVolumeClaim"): Kind("", "v1", "persistentvolumeclaims", True),
     ("v1", "Namespace"): Kind("", "v1", "namespaces", False),
+    ("v1", "ServiceAccount"): Kind("", "v1", "serviceaccounts", True),
+    ("rbac.authorization.k8s.io/v1", "Role"): Kind("rbac.authorization.k8s.io", "v1", "roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): Kind(
+        "rbac.authorization.k8s.io", "v1", "rolebindings", True
+    ),
     ("apps/v1", "Deployment"): Kind("apps", "v1", "deployments", True),
     ("apps/v1", "StatefulSet"): Kind("apps", "v1", "statefulsets", True),
     ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets", True),

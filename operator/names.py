@@ -25,13 +25,25 @@ LABEL_TIER = f"{GROUP}/tier"
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 
 WORKER_APP = "strata-worker"
+ROUTER_APP = "strata-router"
 CONFIG_DIR = "/etc/strata"
 CONFIG_FILE = "worker.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+ROUTER_CONFIG_FILE = "router.yaml"
+ROUTER_CONFIG_PATH = f"{CONFIG_DIR}/{ROUTER_CONFIG_FILE}"
 
 
 def selector_labels(service: str) -> dict[str, str]:
     return {LABEL_NAME: WORKER_APP, LABEL_INSTANCE: service}
+
+
+def router_selector_labels(service: str) -> dict[str, str]:
+    return {LABEL_NAME: ROUTER_APP, LABEL_INSTANCE: service}
+
+
+def label_selector(labels: dict[str, str]) -> str:
+    """``k=v,k=v``, as the API's labelSelector parameter takes it."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def common_labels(service: str, tier: str) -> dict[str, str]:
@@ -61,6 +73,11 @@ def configmap_name(service: str) -> str:
 
 def pdb_name(service: str) -> str:
     return service
+
+
+def router_name(service: str) -> str:
+    """The router's Deployment, PDB, ServiceAccount, Role and RoleBinding."""
+    return f"{service}-router"
 
 
 def shared_claim_name(service: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from strata.router.config import RouterConfig
 from strata.worker.config import WorkerConfig
 
 ModelSourceKind = Literal["pvc", "uri", "builtin"]
@@ -84,6 +85,7 @@ class ServicePlan:
     model_source: ModelSource
     image: str | None
     worker: WorkerConfig
+    router: RouterConfig
     pod: PodPlan = PodPlan()
 
     @property

@@ -23,6 +23,8 @@ from strata.operator.api import (
 from strata.operator.plan import ModelSource, NvmePlan, OwnerRef, PodPlan, ServicePlan, SharedPlan
 from strata.operator.replicas import desired_replicas
 from strata.operator.tenancy import cache_namespace
+from strata.router.config import ModelConfig as RouterModel
+from strata.router.config import PriorityConfig, QueueConfig, RouterConfig, WorkersConfig
 from strata.worker.config import (
     DramTierConfig,
     EngineConfig,
@@ -33,6 +35,7 @@ from strata.worker.config import (
     SharedTierConfig,
     WorkerConfig,
 )
+from strata.worker.tokenizer import BYTE_VOCAB_SIZE
 
 MODEL_DIR = "/models"
 SERVER_PORT = 8000
@@ -40,6 +43,7 @@ KV_METRICS_PORT = 8001
 # How long a draining worker waits for its longest generation, on top of its queue timeout: a
 # long answer (thousands of tokens) on a busy GPU. The pod's grace period is derived from it.
 GENERATION_BUDGET_S = 120.0
+ROUTER_PORT = 8000  # the router pods' own IPs: the same port the clients always used
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_TIER_NOT_FOUND = "TierNotFound"
@@ -112,6 +116,7 @@ def _plan(isvc: InferenceService, tier: ServiceTier, meta: Mapping[str, Any], sa
     )
     try:
         worker = _worker_config(isvc, tier, dram, nvme_size, salt)
+        router = _router_config(isvc, tier, worker)
     except ValidationError as exc:
         raise SpecRejected(REASON_INVALID_SPEC, _first_error("worker config", exc)) from None
     return ServicePlan(
@@ -132,6 +137,7 @@ def _plan(isvc: InferenceService, tier: ServiceTier, meta: Mapping[str, Any], sa
         model_source=_model_source(isvc),
         image=spec.engine.image,
         worker=worker,
+        router=router,
         pod=pod_plan(spec.pod),
     )
 
@@ -182,6 +188,7 @@ def _worker_config(
         kv_memory_fraction=policy.hbm.kv_fraction,
         max_num_seqs=spec.engine.max_num_seqs,
         max_batched_tokens=spec.engine.max_batched_tokens,
+        queue_timeout_s=float(tier.spec.routing.queue_ttl_seconds),
         # As many torch threads as CPUs granted: oversubscribed threads slow decode severalfold.
         cpu_threads=max(1, parse_milli(spec.resources.cpu) // 1000),
     )
@@ -219,6 +226,37 @@ def _worker_config(
         ),
         cache_namespace=salt,
         service_tier=tier.metadata.get("name", spec.tier),
+    )
+
+
+def _router_config(isvc: InferenceService, tier: ServiceTier, worker: WorkerConfig) -> RouterConfig:
+    """What the router must know to validate, hash and route exactly as these workers do."""
+    spec, tier_spec = isvc.spec, tier.spec
+    builtin = spec.model.source.builtin is not None
+    return RouterConfig(
+        model=RouterModel(
+            name=spec.model.name,
+            # builtin test models need no files (the byte tokenizer); others' tokenizers are read
+            path=None if builtin else worker.model.path,
+            max_context_tokens=spec.model.max_context_tokens,
+            vocab_size=BYTE_VOCAB_SIZE if builtin else None,
+        ),
+        block_size=worker.engine.block_size,
+        cache_namespace=worker.cache_namespace,
+        port=ROUTER_PORT,
+        workers=WorkersConfig(
+            label_selector=names.label_selector(names.selector_labels(isvc.metadata["name"])),
+            port=worker.server.port,
+            kv_events_port=worker.kvtier.metrics_port if worker.kvtier.enabled else None,
+        ),
+        # a request may lower its priority within the tier (to 0), never raise it above the tier's
+        priority=PriorityConfig(
+            default=tier_spec.priority, min=min(0, tier_spec.priority), max=tier_spec.priority
+        ),
+        queue=QueueConfig(
+            max_inflight_per_endpoint=worker.engine.max_num_seqs,
+            ttl_s=float(tier_spec.routing.queue_ttl_seconds),
+        ),
     )
 
 

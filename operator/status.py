@@ -89,7 +89,7 @@ def compute_status(seen: Observed, previous: Sequence[Mapping[str, Any]], now: d
         "replicas": roll.replicas,
         "readyReplicas": roll.ready,
         "desiredReplicas": seen.desired_replicas if seen.desired_replicas is not None else roll.desired,
-        "selector": ",".join(f"{k}={v}" for k, v in sorted(names.selector_labels(seen.name).items())),
+        "selector": names.label_selector(names.selector_labels(seen.name)),
         "tier": seen.tier,
     }
     if seen.endpoint:

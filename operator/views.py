@@ -37,6 +37,7 @@ class IndexViews:
     tiers: Mapping[str, Iterable[Body]] = field(default_factory=dict)
     workloads: Sequence[Mapping[ServiceKey, Iterable[Body]]] = ()  # one index per workload kind
     pods: Mapping[ServiceKey, Iterable[PodRef]] = field(default_factory=dict)
+    routers: Mapping[ServiceKey, Iterable[PodRef]] = field(default_factory=dict)  # router pods
     services_by_tier: Mapping[str, Iterable[ServiceKey]] = field(default_factory=dict)
     bound: bool = False
 
@@ -47,9 +48,11 @@ class IndexViews:
         workloads: Sequence[Mapping[ServiceKey, Iterable[Body]]],
         pods: Mapping[ServiceKey, Iterable[PodRef]],
         services_by_tier: Mapping[str, Iterable[ServiceKey]],
+        routers: Mapping[ServiceKey, Iterable[PodRef]] | None = None,
     ) -> None:
         self.services, self.tiers, self.workloads = services, tiers, workloads
         self.pods, self.services_by_tier, self.bound = pods, services_by_tier, True
+        self.routers = routers if routers is not None else {}
 
     def service(self, key: ServiceKey) -> Body | None:
         return next(iter(self.services.get(key, ())), None)
@@ -68,6 +71,9 @@ class IndexViews:
     def ready_pods(self, key: ServiceKey) -> list[PodRef]:
         return list(self.pods.get(key, ()))
 
+    def ready_routers(self, key: ServiceKey) -> list[PodRef]:
+        return list(self.routers.get(key, ()))
+
     def tier_services(self, name: str) -> int:
         return len(list(self.services_by_tier.get(name, ())))
 
@@ -77,8 +83,14 @@ def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     return {k: body[k] for k in BODY_FIELDS if k in body}
 
 
-def owning_service(labels: Mapping[str, str], namespace: str | None) -> ServiceKey | None:
+def owning_service(
+    labels: Mapping[str, str], namespace: str | None, app: str = names.WORKER_APP
+) -> ServiceKey | None:
+    """The service an object belongs to, when it is part of ``app`` (the workers, by default:
+    a service's router Deployment and pods are not its workload or its worker pods)."""
     service = labels.get(names.LABEL_SERVICE)
+    if labels.get(names.LABEL_NAME, names.WORKER_APP) != app:
+        return None
     return (namespace, service) if service and namespace else None
 
 

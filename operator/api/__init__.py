@@ -36,6 +36,7 @@ from strata.operator.api.models import (
     TierAutoscalingPolicy,
     TierCachePolicy,
     TierLimits,
+    TierRoutingPolicy,
     to_manifest,
 )
 from strata.operator.api.pod import PodOverrides
@@ -77,6 +78,7 @@ __all__ = [
     "TierAutoscalingPolicy",
     "TierCachePolicy",
     "TierLimits",
+    "TierRoutingPolicy",
     "Violation",
     "check_against_tier",
     "format_size",

@@ -685,6 +685,16 @@ class TierLimits(ApiModel):
         return self
 
 
+class TierRoutingPolicy(ApiModel):
+    queue_ttl_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="Longest a request may wait in a queue (the router's, then the worker's) before it is "
+        "refused with 429 and Retry-After; one that would wait longer is refused at once (s).",
+    )
+
+
 class ServiceTierSpec(ApiModel):
     """Policy of a tier of service: priority, SLOs, cache per memory tier, autoscaling, limits."""
 
@@ -705,6 +715,11 @@ class ServiceTierSpec(ApiModel):
         default_factory=TierAutoscalingPolicy, description="Autoscaling policy for services of this tier."
     )
     limits: TierLimits = Field(default_factory=TierLimits, description="Per-service resource limits.")
+    routing: TierRoutingPolicy = Field(
+        default_factory=TierRoutingPolicy,
+        description="Requests at the service's router: they carry the tier's priority (a request may ask "
+        "for a lower one in the X-Strata-Priority header, down to 0) and wait at most the queue TTL.",
+    )
 
 
 class CacheHours(StatusModel):

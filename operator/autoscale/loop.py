@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from strata.operator import names
+from strata.operator.autoscale import wake
 from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
 from strata.operator.autoscale.cost import footprint, merge_usage, usage
 from strata.operator.autoscale.decide import Decision, History, Observation, Policy, decide
@@ -118,6 +119,8 @@ class Autoscaler:
             if isvc is None or isvc["metadata"].get("deletionTimestamp"):
                 return None
             uid = str(isvc["metadata"]["uid"])
+            if await wake.wake(self, isvc, uid):  # at zero, with requests held at its routers
+                return uid
             samples = await self._scrape_pods(namespace, name)
             tier = self.views.tier(_tier_name(isvc))
             now = self.clock()

@@ -11,7 +11,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 async def list_pods(kube: KubeClient, namespace: str, name: str) -> list[Obj]:
-    selector = ",".join(f"{k}={v}" for k, v in sorted(names.selector_labels(name).items()))
+    selector = names.label_selector(names.selector_labels(name))
     listed = await kube.request(
         "GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}
     )

@@ -1,4 +1,5 @@
-"""The ConfigMap holding the worker's own config file (``strata.worker.config.WorkerConfig``)."""
+"""The ConfigMap holding the worker's own config file (``strata.worker.config.WorkerConfig``) and
+the router's (``strata.router.config.RouterConfig``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def render_configmap(plan: ServicePlan) -> Manifest:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(plan, names.configmap_name(plan.name), "config"),
-        "data": {names.CONFIG_FILE: plan.worker.to_yaml()},
+        "data": {names.CONFIG_FILE: plan.worker.to_yaml(), names.ROUTER_CONFIG_FILE: plan.router.to_yaml()},
     }
 
 

@@ -1,4 +1,5 @@
-"""The client Service and the headless Service for per-pod metrics scraping."""
+"""The client Service (in front of the routers) and the headless Service that selects the
+workers (per-pod metrics scraping, the StatefulSet's identities)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def render_client_service(plan: ServicePlan) -> Manifest:
         "metadata": metadata(plan, names.client_service_name(plan.name), "api"),
         "spec": {
             "type": "ClusterIP",
-            "selector": names.selector_labels(plan.name),
+            # Clients reach the router, which picks the worker (docs/router.md).
+            "selector": names.router_selector_labels(plan.name),
             "ports": [{"name": "http", "port": plan.http_port, "targetPort": "http", "protocol": "TCP"}],
         },
     }

@@ -45,7 +45,7 @@ def render_volumes(plan: ServicePlan, settings: OperatorSettings) -> list[Manife
         {"name": "run", "emptyDir": {"sizeLimit": "16Mi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": bytes_quantity(shm_size_bytes(plan))}},
-        _model_volume(plan),
+        model_volume(plan),
     ]
     nvme = _nvme_volume(plan, settings)
     if nvme is not None:
@@ -55,7 +55,7 @@ def render_volumes(plan: ServicePlan, settings: OperatorSettings) -> list[Manife
     return volumes
 
 
-def _model_volume(plan: ServicePlan) -> Manifest:
+def model_volume(plan: ServicePlan) -> Manifest:
     source = plan.model_source
     if source.kind == "pvc":
         return {"name": "model", "persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": True}}

@@ -16,7 +16,7 @@ from strata.operator.kube import KubeError
 from strata.operator.metrics import OperatorMetrics
 from strata.operator.reconcile import Reconciler, TierReconciler
 from strata.operator.settings import OperatorSettings
-from strata.operator.views import IndexViews
+from strata.operator.views import IndexViews, owning_service
 
 from .factories import NS_UID, isvc_body, tier_body
 
@@ -123,8 +123,9 @@ class Live(Mapping[tuple[str, str], list[dict[str, Any]]]):
 
 def views_of(kube: FakeKube) -> IndexViews:
     def label(obj: dict[str, Any]) -> str | None:
-        labels: dict[str, str] = obj["metadata"].get("labels", {})
-        return labels.get("strata.dev/inferenceservice")
+        """The owning service, as the operator's index keys it (never the router's Deployment)."""
+        key = owning_service(obj["metadata"].get("labels", {}), obj["metadata"].get("namespace"))
+        return key[1] if key else None
 
     return IndexViews(
         services=Live(kube, "InferenceService", lambda obj: obj["metadata"]["name"]),
@@ -162,11 +163,13 @@ async def test_first_reconcile_creates_every_child_and_reports():
     assert await reconcile(reconciler, "standard")
     kinds = {k[0] for k in kube.objects}
     assert {"ConfigMap", "Service", "PodDisruptionBudget", "Deployment", "PriorityClass"} <= kinds
-    # One Event for the tier's PriorityClass, one listing every child of the service.
+    # One Event for the tier's PriorityClass, one listing every child of the service (the router's too).
     assert events.reasons().count("Created") == 2
     (listing,) = [e[3] for e in events.events if e[0] == "chat" and e[2] == "Created"]
     children = (
-        "ConfigMap chat-config, Deployment chat, PodDisruptionBudget chat, Service chat, Service chat-metrics"
+        "ConfigMap chat-config, Deployment chat, Deployment chat-router, PodDisruptionBudget chat, "
+        "PodDisruptionBudget chat-router, Role chat-router, RoleBinding chat-router, Service chat, "
+        "Service chat-metrics, ServiceAccount chat-router"
     )
     assert listing == f"created {children}"
     conds = conditions(kube)

@@ -238,10 +238,11 @@ def test_every_child_is_owned_by_the_service_and_labelled():
         assert meta["labels"][names.LABEL_SERVICE] == "chat"
 
 
-def test_services_select_the_pods_and_the_metrics_one_is_headless():
+def test_clients_reach_the_routers_and_the_headless_service_selects_the_workers():
     plan, _ = make()
     client, metrics = render_client_service(plan), render_metrics_service(plan)
-    assert client["spec"]["selector"] == metrics["spec"]["selector"] == names.selector_labels("chat")
+    assert client["spec"]["selector"] == names.router_selector_labels("chat")
+    assert metrics["spec"]["selector"] == names.selector_labels("chat")
     assert metrics["spec"]["clusterIP"] == "None" and metrics["spec"]["publishNotReadyAddresses"]
     assert [p["name"] for p in metrics["spec"]["ports"]] == ["http", "kv-metrics"]
 

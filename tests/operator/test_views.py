@@ -57,3 +57,14 @@ def test_views_read_services_tiers_workloads_and_counts() -> None:
     )
     assert views.ready_pods(("a", "chat")) == [PodRef("u", "p", "10.0.0.1")]
     assert views.tier_services("standard") == 2 and views.tier_services("batch") == 0
+
+
+def test_a_services_router_objects_are_not_its_workload_or_worker_pods():
+    from strata.operator import names
+    from strata.operator.views import owning_service
+
+    worker = {**names.common_labels("chat", "standard")}
+    router = {**worker, **names.router_selector_labels("chat")}
+    assert owning_service(worker, "ns") == ("ns", "chat")
+    assert owning_service(router, "ns") is None
+    assert owning_service(router, "ns", names.ROUTER_APP) == ("ns", "chat")

@@ -1,0 +1,154 @@
+"""Rendering the router: its config (what the workers hash and validate with), its Deployment and
+PDB, and the least privilege it runs with, which the operator must itself hold to grant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from strata.operator import names
+from strata.operator.render.configmap import render_configmap
+from strata.operator.render.router import POD_READER_RULES, render_router
+from strata.operator.render.workload import render_workload
+from strata.operator.resolve import ResolveInput, resolve
+from strata.operator.settings import OperatorSettings
+from strata.router.config import RouterConfig
+from strata.router.discovery import pod_state
+from strata.worker.kv_connector import root_hash
+
+from .factories import NS_UID, isvc_body, tier_body
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def plan_of(tier: str = "standard", source: dict[str, Any] | None = None, **spec):
+    body = isvc_body(tier=tier, **spec)
+    if source is not None:
+        body["spec"]["model"]["source"] = source
+    return resolve(ResolveInput(body, tier_body(tier), NS_UID))
+
+
+def by_kind(plan) -> dict[str, Any]:
+    return {m["kind"]: m for m in render_router(plan, OperatorSettings())}
+
+
+def test_the_router_config_lives_in_the_services_configmap_and_matches_the_workers():
+    plan = plan_of("premium", engine={"blockSize": 32})
+    data = render_configmap(plan)["data"]
+    router = RouterConfig.from_yaml(data[names.ROUTER_CONFIG_FILE])
+    worker = plan.worker
+    assert router.model.name == worker.model.name and router.block_size == 32 == worker.engine.block_size
+    # the same salt, so the router's block hashes are the workers'
+    assert root_hash(router.cache_namespace, router.model.name, router.block_size) == root_hash(
+        worker.cache_namespace, worker.model.name, worker.engine.block_size
+    )
+    assert router.model.max_context_tokens == worker.model.max_context_tokens
+    assert router.priority.default == router.priority.max == 1_000_000 and router.priority.min == 0
+    assert router.queue.ttl_s == worker.engine.queue_timeout_s == 30
+    assert router.workers.kv_events_port == worker.kvtier.metrics_port
+
+
+def test_the_router_watches_exactly_the_services_worker_pods():
+    plan = plan_of()
+    router = plan.router
+    selector = dict(kv.split("=") for kv in router.workers.label_selector.split(","))
+    labels = render_workload(plan, OperatorSettings())["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+    router_labels = by_kind(plan)["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= router_labels.items()  # never routes to itself
+    pod = {"metadata": {"name": "chat-0"}, "status": {"podIP": "127.64.0.9", "conditions": []}}
+    assert pod_state(pod, router.workers).address.url == f"http://127.64.0.9:{plan.worker.server.port}"  # type: ignore[union-attr]
+
+
+def test_a_tiers_queue_ttl_reaches_router_and_workers():
+    body = isvc_body()
+    tier = tier_body("batch", routing={"queueTtlSeconds": 120})
+    plan = resolve(ResolveInput(body, tier, NS_UID))
+    assert plan.router.queue.ttl_s == 120 == plan.worker.engine.queue_timeout_s
+    assert plan.router.priority.default == 1000
+
+
+def test_two_hardened_replicas_with_a_pdb_and_a_pod_reading_role():
+    plan = plan_of()
+    kinds = by_kind(plan)
+    deployment = kinds["Deployment"]
+    assert deployment["metadata"]["name"] == "chat-router" and deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][:3] == ["strata", "router", "serve"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    assert pod["serviceAccountName"] == "chat-router" and pod["automountServiceAccountToken"]
+    assert kinds["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
+    assert kinds["Role"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert kinds["RoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "chat-router", "namespace": "team-a"}
+    ]
+    assert kinds["RoleBinding"]["roleRef"]["name"] == "chat-router"
+    json.dumps(list(kinds.values()))
+    for manifest in kinds.values():
+        assert manifest["metadata"]["ownerReferences"][0]["uid"] == "uid-chat"
+
+
+@pytest.mark.parametrize(
+    ("source", "volume", "init"),
+    [
+        ({"builtin": "tiny"}, None, False),
+        ({"uri": "hf://org/m"}, "emptyDir", True),
+        ({"pvc": {"claimName": "w"}}, "persistentVolumeClaim", False),
+    ],
+)
+def test_the_router_reads_the_models_tokenizer_where_the_model_is(source, volume, init):
+    plan = plan_of(source=source)
+    pod = by_kind(plan)["Deployment"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if volume is None:
+        assert (
+            "model" not in volumes and plan.router.model.path is None and plan.router.model.vocab_size == 320
+        )
+    else:
+        assert volume in volumes["model"] and plan.router.model.path == plan.worker.model.path
+    assert ("initContainers" in pod) == init
+    for container in pod["containers"] + pod.get("initContainers", []):
+        mounted = {m["name"] for m in container["volumeMounts"]}
+        assert mounted <= set(volumes)
+
+
+def test_the_config_change_rolls_the_router_pods():
+    first = by_kind(plan_of())["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    other = by_kind(plan_of(engine={"blockSize": 32}))["Deployment"]["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    assert first[names.ANNOTATION_CONFIG_HASH] != other[names.ANNOTATION_CONFIG_HASH]
+
+
+def test_the_operator_holds_everything_it_grants_the_router():
+    """RBAC escalation prevention: a Role can only be created by someone holding its rights."""
+    text = (ROOT / "charts" / "strata" / "templates" / "rbac.yaml").read_text()
+    rules_block = text.split("rules:", 1)[1].split("---", 1)[0]
+    body = "\n".join(line for line in rules_block.splitlines() if "{{" not in line)
+    held = yaml.safe_load(body)
+    for granted in POD_READER_RULES:
+        assert any(
+            set(granted["apiGroups"]) <= set(rule["apiGroups"])
+            and set(granted["resources"]) <= set(rule["resources"])
+            and set(granted["verbs"]) <= set(rule["verbs"])
+            for rule in held
+        ), granted
+    writes = {
+        (g, r)
+        for rule in held
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        if "create" in rule["verbs"]
+    }
+    assert {
+        ("", "serviceaccounts"),
+        ("rbac.authorization.k8s.io", "roles"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+    } <= writes
