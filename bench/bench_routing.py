@@ -1,8 +1,11 @@
 """Routing benchmark: how much of the KV cache each routing policy turns into hits, and at what
 load balance, on the shared Mooncake traces (simulated, through the router's real choice
-function), plus the shared tier's read bandwidth that the router's tier weights derive from.
+function); the same side by side on real processes (three real workers behind the real router,
+round-robin against strata: ``routing_real``); and the shared tier's read bandwidth that the
+router's tier weights derive from.
 
-Shape: ``{"sim": {TRACE: {"4x5000": {POLICY: {"hit_ratio", "imbalance_p95"}}}}, "weights": ...}``.
+Shape: ``{"sim": {TRACE: {"4x5000": {POLICY: {"hit_ratio", "imbalance_p95"}}}}, "real": {POLICY:
+{"cached_tokens", "ttft_p50_s", "ttft_p90_s", ...}}, "weights": ...}``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import routing_sim
+from bench import routing_real, routing_sim
 from strata.router import weights
 from strata.router.choose import Policy
 from strata.worker.kvtier.shared import FilesystemBlockStore
@@ -124,7 +127,7 @@ def tier_weights() -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     policy = Policy()
-    result: dict[str, Any] = {"sim": sim(policy), "weights": tier_weights()}
+    result: dict[str, Any] = {"sim": sim(policy), "weights": tier_weights(), "real": routing_real.run()}
     result["balance_weight_sweep"] = {
         f"{SWEEP_TRACE} {SWEEP_FLEET[0]}x{SWEEP_FLEET[1]}": balance_sweep(policy)
     }
@@ -145,4 +148,11 @@ def summary(result: dict[str, Any]) -> str:
                 f"{trace} {fleet}: strata hit {s['hit_ratio']} ({gain:.2f}x random), "
                 f"imbalance p95 {s['imbalance_p95']} vs {r['imbalance_p95']}"
             )
+    real = result["real"]
+    s, rr = real["strata"], real["round-robin"]
+    parts.append(
+        f"real: cached tokens strata {s['cached_tokens']} vs round-robin {rr['cached_tokens']} "
+        f"({s['cached_tokens'] / max(1, rr['cached_tokens']):.2f}x), TTFT p50/p90 {s['ttft_p50_s']}/"
+        f"{s['ttft_p90_s']} s vs {rr['ttft_p50_s']}/{rr['ttft_p90_s']} s"
+    )
     return "; ".join(parts)

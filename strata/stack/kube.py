@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 from strata.cluster.cluster import Cluster
+from strata.operator import names
 from strata.stack.wait import wait_for
-
-INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 
 def get(cluster: Cluster, kind: str, name: str, namespace: str | None = None) -> Any:
@@ -42,9 +41,12 @@ def wait_ready(cluster: Cluster, namespace: str, name: str, timeout_s: float = 9
     return wait_for(ready, timeout_s, what=f"InferenceService {namespace}/{name} Ready")
 
 
-def running_pods(cluster: Cluster, namespace: str, service: str) -> list[dict[str, Any]]:
-    """The service's pods that run and are not being deleted."""
-    pods = items(cluster, "pods", namespace, f"{INSTANCE_LABEL}={service}")
+def running_pods(
+    cluster: Cluster, namespace: str, service: str, labels: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The service's worker pods (or those with ``labels``) that run and are not being deleted."""
+    selector = names.label_selector(labels or names.selector_labels(service))
+    pods = items(cluster, "pods", namespace, selector)
     return [
         p
         for p in pods

@@ -18,8 +18,8 @@ from typing import Any
 import openai
 import pytest
 
+from strata.stack.dataplane import RouterProcess, router_config, running_router
 from strata.worker.models.presets import write_model
-from tests.router.router_proc import RouterProcess, router_config, running_router
 from tests.worker.worker_proc import WorkerProcess, free_port, running_worker
 
 pytestmark = pytest.mark.slow
