@@ -7,13 +7,15 @@ from the workers' own metrics (``strata_worker_prefix_hit_tokens_total``, all ti
 
 The workload: ``CONVERSATIONS`` chats of ``TURNS`` turns sharing one short system prompt; each turn
 sends the whole history (system prompt, every earlier user message and recorded reply) plus a new
-user message, ``TURN_GAP_S`` after the previous turn. Each worker's HBM holds ``KV_BLOCKS`` blocks:
+user message, about ``TURN_GAP_S`` after the previous turn (seeded jitter, so round-robin's
+rotation is not in step with the chats). Each worker's HBM holds ``KV_BLOCKS`` blocks:
 room for its share of the conversations when each stays on one replica, not for all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import tempfile
 import time
@@ -27,16 +29,22 @@ import openai
 from strata.loadgen.replay import replay
 from strata.loadgen.summary import Outcome, percentile
 from strata.loadgen.trace import TimedRequest, block_tokens
-from strata.stack.dataplane import RouterProcess, WorkerProcess, router_config, running_router, running_worker
+from strata.stack.dataplane import (
+    RouterProcess,
+    WorkerProcess,
+    router_config,
+    running_router,
+    running_workers,
+)
 
 MODEL = "small"
 WORKERS = 3
-KV_BLOCKS = 512  # 8,192 tokens per worker
+KV_BLOCKS = 256  # 4,096 tokens per worker: its share of the conversations, not all of them
 MAX_CONTEXT = 2048
-CONVERSATIONS = 24
-TURNS = 6
-SYSTEM_TOKENS, USER_TOKENS, REPLY_TOKENS, MAX_TOKENS = 32, 64, 64, 16
-TURN_GAP_S, STAGGER_S = 4.0, 0.25
+CONVERSATIONS = 10  # not a multiple of WORKERS: round-robin must not keep chats together by chance
+TURNS = 5
+SYSTEM_TOKENS, USER_TOKENS, REPLY_TOKENS, MAX_TOKENS = 32, 48, 48, 16
+TURN_GAP_S, STAGGER_S, JITTER_S = 8.0, 0.7, 1.0
 POLICIES = ("round-robin", "strata")
 SYNC_WITHIN_S = 60
 
@@ -45,12 +53,14 @@ def workload(seed: int) -> list[TimedRequest]:
     """Every turn of every conversation, in arrival order. Different seeds give different tokens
     with the same structure."""
     system = block_tokens(0, SYSTEM_TOKENS, seed)
+    jitter = random.Random(seed)
     requests: list[TimedRequest] = []
     for c in range(CONVERSATIONS):
         history = list(system)
         for t in range(TURNS):
             history += block_tokens(1 + 2 * (c * TURNS + t), USER_TOKENS, seed)
-            requests.append(TimedRequest(c * STAGGER_S + t * TURN_GAP_S, tuple(history), MAX_TOKENS, ()))
+            at = c * STAGGER_S + t * TURN_GAP_S + jitter.uniform(0, JITTER_S)
+            requests.append(TimedRequest(at, tuple(history), MAX_TOKENS, ()))
             history += block_tokens(2 + 2 * (c * TURNS + t), REPLY_TOKENS, seed)
     return sorted(requests, key=lambda r: r.at_s)
 
@@ -76,15 +86,15 @@ def wait_synced(router: RouterProcess) -> None:
 
 def phase(policy: str, model_dir: Path, root: Path, requests: list[TimedRequest]) -> dict[str, Any]:
     """One policy on fresh workers: what the workers cached and what the clients saw."""
+    workdirs = [root / f"{policy}-worker{i}" for i in range(WORKERS)]
+    for workdir in workdirs:
+        workdir.mkdir()
     with ExitStack() as stack:
-        workers = []
-        for i in range(WORKERS):
-            workdir = root / f"{policy}-worker{i}"
-            workdir.mkdir()
-            worker = running_worker(
-                model_dir, workdir, MODEL, max_context_tokens=MAX_CONTEXT, num_gpu_blocks=KV_BLOCKS
+        workers = stack.enter_context(
+            running_workers(
+                workdirs, model_dir, MODEL, max_context_tokens=MAX_CONTEXT, num_gpu_blocks=KV_BLOCKS
             )
-            workers.append(stack.enter_context(worker))
+        )
         config = router_config(
             [w.base_url for w in workers], MODEL, model={"max_context_tokens": MAX_CONTEXT}, policy=policy
         )
@@ -115,6 +125,7 @@ def summary(outcomes: list[Outcome], cached: float) -> dict[str, Any]:
         "errors": sum(o.error is not None for o in outcomes),
         "prompt_tokens": sum(o.prompt_tokens for o in outcomes),
         "client_cached_tokens": sum(o.cached_tokens for o in outcomes if o.error is None),
+        "error_kinds": sorted({o.error.split(":")[0] for o in outcomes if o.error is not None}),
     }
 
 

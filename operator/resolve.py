@@ -247,6 +247,7 @@ def _router_config(isvc: InferenceService, tier: ServiceTier, worker: WorkerConf
         workers=WorkersConfig(
             label_selector=names.label_selector(names.selector_labels(isvc.metadata["name"])),
             port=worker.server.port,
+            step_tokens=worker.engine.max_batched_tokens,
             kv_events_port=worker.kvtier.metrics_port if worker.kvtier.enabled else None,
         ),
         # a request may lower its priority within the tier (to 0), never raise it above the tier's

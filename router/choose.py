@@ -66,8 +66,9 @@ class Candidate:
 
     ``lookup(blocks)`` returns the tiers holding the longest run of leading ``blocks`` on that
     endpoint (stopping at the first miss), with the semantics of ``KVConnector.lookup`` plus
-    ``"hbm"``. ``pending_tokens``: prefill tokens queued or running there (as the worker reports
-    them); ``recent_tokens``: prefill tokens recently sent there, decayed (the router's own record);
+    ``"hbm"``. ``pending_tokens``: prefill tokens queued or running there that would run before
+    this request (the router counts what the worker reports beyond one engine step);
+    ``recent_tokens``: prefill tokens recently sent there, decayed (the router's own record);
     ``kv_usage``: its HBM KV usage, 0..1.
     """
 

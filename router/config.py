@@ -36,6 +36,9 @@ class WorkersConfig(_Strict):
         default_factory=list, description="Fixed worker base URLs (http://host:port); replaces discovery."
     )
     port: int = Field(8000, ge=1, le=65535, description="The workers' HTTP port (OpenAI API, /kv/events).")
+    step_tokens: int = Field(
+        2048, ge=1, description="The workers' max_batched_tokens: prompt tokens one engine step prefills."
+    )
     kv_events_port: int | None = Field(
         8001, ge=1, le=65535, description="The KV-tier sidecars' metrics port (/kv/events); None: no sidecar."
     )

@@ -61,9 +61,11 @@ class Runtime:
     def _add(self, name: str, state: discovery.PodState) -> Endpoint:
         endpoint = self.fleet.add(name, state.address)
         assert self.session is not None
-        silence = self.config.timeouts.events_silence_s
+        how = follow.Following(
+            self.config.timeouts.events_silence_s, self.config.workers.step_tokens, self._hung
+        )
         self.followers[name] = [
-            asyncio.ensure_future(follow.follow(self.session, endpoint, source, silence, self._hung))
+            asyncio.ensure_future(follow.follow(self.session, endpoint, source, how))
             for source in state.address.events
         ]
         log.info("endpoint %s at %s", name, state.address.url)

@@ -123,6 +123,8 @@ def _pod_spec(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
         "securityContext": pod_security_context(settings),
+        # the cluster's own (not the GPU taint's): routers need no GPU node
+        "tolerations": [dict(t) for t in settings.tolerations],
         "topologySpreadConstraints": [
             {
                 "maxSkew": 1,

@@ -23,7 +23,7 @@ import yaml
 
 from strata.stack.wait import free_port
 
-READY_WITHIN_S = 120  # a generous bound: a cold, loaded machine imports torch slowly
+READY_WITHIN_S = 300  # a generous bound: a cold, loaded machine imports torch slowly
 STOP_WITHIN_S = 30
 
 
@@ -83,6 +83,40 @@ def running_worker(
     **engine: object,
 ) -> Iterator[WorkerProcess]:
     """Serve ``model_dir`` (one torch thread) until the block ends; then stop and reap it."""
+    with running_workers([workdir], model_dir, name, env, max_context_tokens, **engine) as (worker,):
+        yield worker
+
+
+@contextmanager
+def running_workers(
+    workdirs: list[Path],
+    model_dir: Path,
+    name: str = "tiny",
+    env: dict[str, str] | None = None,
+    max_context_tokens: int = 512,
+    **engine: object,
+) -> Iterator[list[WorkerProcess]]:
+    """One worker per directory, started together (model loading overlaps), all stopped after."""
+    workers: list[WorkerProcess] = []
+    try:
+        for workdir in workdirs:
+            workers.append(_start_worker(workdir, model_dir, name, env, max_context_tokens, engine))
+        for worker in workers:
+            wait_ok(worker.base_url + "/ready", worker.proc, worker.log_path, READY_WITHIN_S)
+        yield workers
+    finally:
+        for worker in workers:
+            stop(worker.proc)
+
+
+def _start_worker(
+    workdir: Path,
+    model_dir: Path,
+    name: str,
+    env: dict[str, str] | None,
+    max_context_tokens: int,
+    engine: dict[str, object],
+) -> WorkerProcess:
     port = free_port()
     config = {
         "model": {"name": name, "path": str(model_dir), "max_context_tokens": max_context_tokens},
@@ -93,12 +127,7 @@ def running_worker(
     config_path.write_text(yaml.safe_dump(config))
     log_path = workdir / "worker.log"
     proc = _spawn(["worker", "serve", "--config", str(config_path)], log_path, env)
-    worker = WorkerProcess(f"http://127.0.0.1:{port}", log_path, proc)
-    try:
-        wait_ok(worker.base_url + "/ready", proc, log_path, READY_WITHIN_S)
-        yield worker
-    finally:
-        stop(proc)
+    return WorkerProcess(f"http://127.0.0.1:{port}", log_path, proc)
 
 
 @dataclass

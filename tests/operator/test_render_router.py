@@ -119,6 +119,14 @@ def test_the_router_reads_the_models_tokenizer_where_the_model_is(source, volume
         assert mounted <= set(volumes)
 
 
+def test_routers_tolerate_what_the_cluster_asks_but_never_take_a_gpu_node():
+    local = {"key": "strata.dev/pod-runtime", "operator": "Equal", "value": "local", "effect": "NoSchedule"}
+    deployment = render_router(plan_of(), OperatorSettings(tolerations=(local,)))[-1]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [local]
+    assert "nvidia.com/gpu" not in json.dumps(pod)
+
+
 def test_the_config_change_rolls_the_router_pods():
     first = by_kind(plan_of())["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     other = by_kind(plan_of(engine={"blockSize": 32}))["Deployment"]["spec"]["template"]["metadata"][

@@ -18,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 
-from strata.stack.dataplane import RouterProcess, router_config, running_router
+from strata.stack.dataplane import RouterProcess, router_config, running_router, running_workers
 from strata.worker.models.presets import write_model
 from tests.worker.worker_proc import WorkerProcess, free_port, running_worker
 
@@ -32,11 +32,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def workers(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
-    with (
-        running_worker(tiny, tmp_path_factory.mktemp("w1")) as w1,
-        running_worker(tiny, tmp_path_factory.mktemp("w2")) as w2,
-    ):
-        yield [w1, w2]
+    with running_workers([tmp_path_factory.mktemp("w1"), tmp_path_factory.mktemp("w2")], tiny) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
