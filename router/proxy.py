@@ -2,7 +2,7 @@
 
 Retries only where safe: a connection refused, reset or answered with garbage, an endpoint that
 gives no response headers within ``timeouts.response_s``, one marked down while the request
-waited on it, or a worker's 503 (it is draining for shutdown and took nothing) all happen before
+waited on it, or a worker's draining 503 (``X-Strata-Draining: true``: it took nothing) all happen before
 any byte went to the caller, so the request moves to the next endpoint (and the failed one is
 marked down). Any other answer is the caller's, errors included (a worker's 400 or 429 is passed
 back unchanged), and nothing is retried once it began.
@@ -24,6 +24,7 @@ from strata.router.fleet import Endpoint, EndpointDown, Fleet
 from strata.router.gate import Gate, Route
 from strata.router.intake import Admitted
 from strata.router.metrics import RouterMetrics
+from strata.worker.server.drain import DRAINING_HEADER
 from strata.worker.server.protocol import ApiError
 from strata.worker.server.request_id import HEADER as REQUEST_ID
 
@@ -201,7 +202,9 @@ class Forwarder:
 
 
 def _refuse_draining(response: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
-    if response.status == 503:
+    """A draining worker's 503 says so in a header: that request never ran, another replica may
+    take it. Any other 503 may come after work was done and goes back to the caller."""
+    if response.status == 503 and response.headers.get(DRAINING_HEADER) == "true":
         response.release()
         raise Draining(f"{response.url.host}: 503, draining")
     return response

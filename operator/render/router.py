@@ -18,6 +18,7 @@ from strata.operator.render.pod import (
     image,
     model_fetcher,
     pod_env,
+    pod_overrides,
     pod_security_context,
 )
 from strata.operator.render.volumes import engine_mounts, model_volume
@@ -136,6 +137,9 @@ def _pod_spec(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "containers": [_container(plan, settings)],
         "volumes": _volumes(plan),
     }
+    secrets = pod_overrides(plan, settings).get("imagePullSecrets")
+    if secrets:
+        spec["imagePullSecrets"] = secrets  # the same image as the workers
     fetcher = model_fetcher(plan, settings) if plan.router.model.path else None
     if fetcher is not None:
         spec["initContainers"] = [{**fetcher, "volumeMounts": _mounts(plan)}]

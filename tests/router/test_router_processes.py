@@ -266,3 +266,40 @@ def test_a_router_killed_under_load_loses_no_request_that_had_not_started_and_re
             metrics["strata_router_predicted_cached_tokens_total"]
             == metrics["strata_router_cached_tokens_total"]
         )
+
+
+def test_a_draining_workers_refusals_go_to_another_replica(
+    tiny: Path, workers: list[WorkerProcess], tmp_path_factory: pytest.TempPathFactory
+):
+    """SIGTERM: the worker finishes what it holds but answers new requests with a draining 503;
+    the router sends those to the other replica instead of passing the 503 back."""
+    with running_worker(tiny, tmp_path_factory.mktemp("leaving")) as leaving:
+        # round-robin: some new requests are sure to be sent to the draining worker first
+        config = router_config([leaving.base_url, workers[0].base_url], policy="round-robin")
+        with running_router(tmp_path_factory.mktemp("drain"), config) as r:
+            api = client(r.base_url)
+            long = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
+            with ThreadPoolExecutor(2) as pool:
+                held = pool.submit(
+                    client(leaving.base_url).completions.create, model="tiny", prompt="x", **long
+                )
+                wait_for(lambda: doomed_busy(leaving), within_s=60)
+                leaving.proc.terminate()  # draining from now until the long request is done
+                wait_for(lambda: not ready(leaving), within_s=60)
+                answers = [
+                    api.completions.create(model="tiny", prompt=f"new {i}", max_tokens=2) for i in range(4)
+                ]
+                assert all(a.choices for a in answers)
+                assert held.result(timeout=300).choices[0].finish_reason == "length"
+            assert r.metrics().get('strata_router_retries_total{cause="draining"}', 0) >= 1
+
+
+def ready(worker: WorkerProcess) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(worker.base_url + "/ready", timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.HTTPError, OSError):
+        return False
