@@ -27,10 +27,9 @@ from strata.operator.settings import OperatorSettings
 ROUTER_REPLICAS = 2
 COMPONENT = "router"
 RBAC_API = "rbac.authorization.k8s.io/v1"
-# What the router may do in its namespace, and so what the operator must hold to grant it.
-POD_READER_RULES: list[Manifest] = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-]
+# What the router may do in its namespace, and so what the operator must hold to grant it: it
+# lists and watches, never gets one Pod at a time.
+POD_READER_RULES: list[Manifest] = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 
 
 def render_router(plan: ServicePlan, settings: OperatorSettings) -> list[Manifest]:

@@ -14,7 +14,17 @@ from strata.stack.chart import PEERING
 
 pytestmark = pytest.mark.cluster
 
-CHILD_KINDS = {"deployments": 1, "services": 2, "configmaps": 1, "poddisruptionbudgets": 1, "replicasets": 1}
+# The workers' and the router's: two Deployments (and ReplicaSets), two PDBs, the router's identity.
+CHILD_KINDS = {
+    "deployments": 2,
+    "services": 2,
+    "configmaps": 1,
+    "poddisruptionbudgets": 2,
+    "replicasets": 2,
+    "serviceaccounts": 1,
+    "roles": 1,
+    "rolebindings": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +39,7 @@ def assert_exactly_one_set_of_children(cluster: Cluster, namespace: str, names: 
             found = items(cluster, kind, namespace, f"app.kubernetes.io/instance={name}")
             assert len(found) == count, f"{kind} of {name}: {[o['metadata']['name'] for o in found]}"
     # No orphans: everything the operator manages here is owned by a live InferenceService.
-    for kind in ("deployments", "services", "configmaps", "poddisruptionbudgets"):
+    for kind in ("deployments", "services", "configmaps", "poddisruptionbudgets", "roles", "rolebindings"):
         for obj in items(cluster, kind, namespace, "app.kubernetes.io/managed-by=strata-operator"):
             owners = {ref["uid"] for ref in obj["metadata"].get("ownerReferences", [])}
             assert owners & uids, f"orphan {kind}/{obj['metadata']['name']}"

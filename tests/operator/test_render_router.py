@@ -83,9 +83,7 @@ def test_two_hardened_replicas_with_a_pdb_and_a_pod_reading_role():
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
     assert pod["serviceAccountName"] == "chat-router" and pod["automountServiceAccountToken"]
     assert kinds["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
-    assert kinds["Role"]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-    ]
+    assert kinds["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
     assert kinds["RoleBinding"]["subjects"] == [
         {"kind": "ServiceAccount", "name": "chat-router", "namespace": "team-a"}
     ]

@@ -278,11 +278,15 @@ def test_a_draining_workers_refusals_go_to_another_replica(
         config = router_config([leaving.base_url, workers[0].base_url], policy="round-robin")
         with running_router(tmp_path_factory.mktemp("drain"), config) as r:
             api = client(r.base_url)
-            long = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
-            with ThreadPoolExecutor(2) as pool:
-                held = pool.submit(
-                    client(leaving.base_url).completions.create, model="tiny", prompt="x", **long
+            direct = client(leaving.base_url)
+
+            def long_answer() -> Any:
+                return direct.completions.create(
+                    model="tiny", prompt="x", max_tokens=400, extra_body={"ignore_eos": True}
                 )
+
+            with ThreadPoolExecutor(2) as pool:
+                held = pool.submit(long_answer)
                 wait_for(lambda: doomed_busy(leaving), within_s=60)
                 leaving.proc.terminate()  # draining from now until the long request is done
                 wait_for(lambda: not ready(leaving), within_s=60)
