@@ -3,6 +3,7 @@ card, health, readiness and metrics. Every refusal is an OpenAI-shaped error, as
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from strata.worker.server.request_id import HEADER as REQUEST_ID_HEADER
 from strata.worker.server.request_id import request_id
 from strata.worker.server.responses import model_list
 
+log = logging.getLogger(__name__)
 BODY_LIMIT = 64 * 2**20  # as the workers'
 HEADER_PARSE_LIMIT = 64 * 1024  # parse larger headers than allowed, to refuse them in OpenAI's shape
 
@@ -35,35 +37,40 @@ PARTS = web.AppKey("parts", Parts)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
-    token = REQUEST_ID.set(request_id(request.headers))  # on this request's log lines
+    # One id per request, made once: the worker gets it, the caller gets it back, and every log
+    # line of the request (router and worker) carries it.
+    rid = request_id(request.headers)
+    token = REQUEST_ID.set(rid)
     try:
-        return await _route(request, kind, time.monotonic())
+        return await _route(request, kind, rid, time.monotonic())
     finally:
         REQUEST_ID.reset(token)
 
 
-async def _route(request: web.Request, kind: Kind, arrived: float) -> web.StreamResponse:
+async def _route(request: web.Request, kind: Kind, rid: str, arrived: float) -> web.StreamResponse:
     parts = request.app[PARTS]
     try:
-        admitted = parts.intake.admit(await request.read(), kind, request.headers)
+        admitted = parts.intake.admit(await request.read(), kind, request.headers, rid)
         route = await parts.gate.enter(admitted.prompt, admitted.priority)
     except ApiError as err:
         parts.metrics.requests.labels("invalid", str(err.status)).inc()
-        return _error(request, err)
+        return _error(rid, err)
     except Refused as refused:
         parts.metrics.requests.labels(refused.reason, str(refused.status)).inc()
         kind_ = "rate_limit_error" if refused.status == 429 else "server_error"
-        return _error(request, ApiError(refused.status, refused.message, kind=kind_), refused.retry_after_s)
+        return _error(rid, ApiError(refused.status, refused.message, kind=kind_), refused.retry_after_s)
     parts.metrics.queue.labels(str(admitted.priority)).observe(route.queued_s)
     try:
         return await parts.forwarder.forward(request, admitted, route, arrived)
     except ApiError as err:
-        return _error(request, err)
+        return _error(rid, err)
 
 
-def _error(request: web.Request, err: ApiError, retry_after_s: int | None = None) -> web.Response:
+def _error(rid: str, err: ApiError, retry_after_s: int | None = None) -> web.Response:
+    """The router's own answer (nothing was forwarded), logged under the request's id."""
+    log.info("request refused", extra={"status": err.status, "param": err.param, "reason": str(err)})
     response = error_response(err, retry_after_s)
-    response.headers[REQUEST_ID_HEADER] = request_id(request.headers)
+    response.headers[REQUEST_ID_HEADER] = rid
     return response
 
 

@@ -20,7 +20,6 @@ from strata.worker.chat_template import ChatTemplate, load_chat_template
 from strata.worker.kv_connector import chain_hashes, root_hash
 from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
 from strata.worker.server.protocol import ApiError, ApiRequest, Kind, parse_request
-from strata.worker.server.request_id import request_id
 from strata.worker.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 MAX_HEADER_BYTES = 8190  # aiohttp's default field limit, as the workers have it
@@ -50,11 +49,11 @@ class Intake:
         )
         self.root = root_hash(config.cache_namespace, model.name, config.block_size)
 
-    def admit(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Admitted:
-        """Raise the worker's :class:`ApiError` for a request no worker would serve."""
+    def admit(self, raw: bytes, kind: Kind, headers: Mapping[str, str], rid: str) -> Admitted:
+        """Raise the worker's :class:`ApiError` for a request no worker would serve. ``rid`` is
+        the request's id (``strata.worker.server.request_id``), forwarded as ``X-Request-Id``."""
         check_headers(headers)
         body = _json(raw)
-        rid = request_id(headers)
         api = parse_request(body, kind, self.config.model.name, self.template, rid)
         token_ids = self._tokens(api)
         self._check(api, token_ids)

@@ -29,7 +29,7 @@ from strata.worker.server.protocol import ApiError
 from strata.worker.server.request_id import HEADER as REQUEST_ID
 
 log = logging.getLogger(__name__)
-PASSED_BACK = ("Content-Type", "Cache-Control", "Retry-After", REQUEST_ID)
+PASSED_BACK = ("Content-Type", "Cache-Control", "Retry-After")
 
 
 class Draining(Exception):
@@ -166,6 +166,7 @@ class Forwarder:
         for name in PASSED_BACK:
             if name in upstream.headers:
                 out.headers[name] = upstream.headers[name]
+        out.headers[REQUEST_ID] = admitted.request_id  # as the worker echoes it, set here whatever it does
         if upstream.content_length is not None:
             out.content_length = upstream.content_length
         tap = UsageTap()
@@ -191,14 +192,28 @@ class Forwarder:
             upstream.close()  # a caller who left mid-stream: the worker sees it and stops
             self.metrics.requests.labels(route.reason, code).inc()
             self.metrics.latency.observe(time.monotonic() - arrived)
-            self._count_cached(tap, route.predicted_cached.get(endpoint.name, 0))
+            predicted = route.predicted_cached.get(endpoint.name, 0)
+            cached = self._count_cached(tap, predicted)
+            log.info(
+                "request routed",
+                extra={
+                    "endpoint": endpoint.name,
+                    "reason": route.reason,
+                    "status": code,
+                    "queued_s": round(route.queued_s, 4),
+                    "predicted_cached_tokens": predicted,
+                    "cached_tokens": cached,
+                    "e2e_s": round(time.monotonic() - arrived, 4),
+                },
+            )
         return out
 
-    def _count_cached(self, tap: UsageTap, predicted: int) -> None:
+    def _count_cached(self, tap: UsageTap, predicted: int) -> int | None:
         cached = tap.cached_tokens()
         if cached is not None:
             self.metrics.cached.inc(cached)
             self.metrics.predicted_cached.inc(predicted)
+        return cached
 
 
 def _refuse_draining(response: aiohttp.ClientResponse) -> aiohttp.ClientResponse:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import re
 import socket
 import threading
 import time
@@ -307,3 +309,65 @@ def ready(worker: WorkerProcess) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.HTTPError, OSError):
         return False
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """A worker that requires an API key (``STRATA_API_KEY``, as a Secret would set it)."""
+    env = {**os.environ, "STRATA_API_KEY": API_KEY}
+    with running_worker(tiny, tmp_path_factory.mktemp("keyed"), env=env) as worker:
+        yield worker
+
+
+API_KEY = "sk-strata-test"
+
+
+def test_the_callers_api_key_reaches_the_worker_and_its_401_comes_back_unchanged(
+    keyed: WorkerProcess, tmp_path: Path
+):
+    with running_router(tmp_path, router_config([keyed.base_url])) as r:
+        body = json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 2}).encode()
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            routed = post(r.base_url, "/v1/completions", body, headers)
+            direct = post(keyed.base_url, "/v1/completions", body, headers)
+            assert routed[0] == direct[0] == 401
+            assert routed[1] == direct[1] and routed[1]["error"]["type"] == "authentication_error"
+        with pytest.raises(openai.AuthenticationError):
+            client(r.base_url).completions.create(model="tiny", prompt="hello", max_tokens=2)
+        api = openai.OpenAI(base_url=r.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        done = api.completions.create(
+            model="tiny", prompt="hello", max_tokens=2, extra_body={"ignore_eos": True}
+        )
+        assert done.usage is not None and done.usage.completion_tokens == 2
+
+
+def test_one_request_id_joins_caller_router_and_worker(keyed: WorkerProcess, tmp_path: Path):
+    """The caller's X-Request-Id, or one the router makes: forwarded, returned, on both logs."""
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    body = json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 2}).encode()
+    with running_router(tmp_path, router_config([keyed.base_url])) as r:
+        given = post(r.base_url, "/v1/completions", body, {**auth, "X-Request-Id": "trace-42"})
+        made = post(r.base_url, "/v1/completions", body, auth)
+        refused = post(r.base_url, "/v1/completions", b"not json", {"X-Request-Id": "trace-43"})
+        router_log = r.log_path.read_text()
+    assert given[0] == made[0] == 200 and refused[0] == 400
+    assert given[2]["X-Request-Id"] == "trace-42" and given[1]["id"] == "cmpl-trace-42"
+    rid = made[2]["X-Request-Id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", rid) and made[1]["id"] == f"cmpl-{rid}"  # the worker had it
+    assert refused[2]["X-Request-Id"] == "trace-43"
+    worker_log = keyed.log_path.read_text()
+    for request_id in ("trace-42", rid):
+        assert logged(router_log, request_id, "request routed") and logged(worker_log, request_id)
+    assert logged(router_log, "trace-43")
+
+
+def logged(log: str, request_id: str, msg: str | None = None) -> bool:
+    """A JSON log line carries this request id (and this message)."""
+    for line in log.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("request_id") == request_id and msg in (None, entry.get("msg")):
+            return True
+    return False
