@@ -11,6 +11,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+from strata.observe.monitors import meta_label
 from strata.operator import names
 from strata.operator.render.configmap import render_configmap
 from strata.operator.render.router import render_router
@@ -65,7 +66,18 @@ def assert_selects_and_scrapes(monitor: dict[str, Any], template: dict[str, Any]
     missing = [name for name, number in scraped.items() if number is None]
     name = monitor["metadata"]["name"]
     assert not missing, f"{name} scrapes port(s) {missing}, the pod names {sorted(ports)}"
-    return {name: int(number) for name, number in scraped.items() if number is not None}
+    assert_relabeled_from_pod_labels(monitor, labels)
+    return {port: int(number) for port, number in scraped.items() if number is not None}
+
+
+def assert_relabeled_from_pod_labels(monitor: dict[str, Any], labels: dict[str, str]) -> None:
+    """Every pod label a relabeling reads (service, service_tier: what the rules and the
+    dashboard aggregate by) is on the pod."""
+    have = {meta_label("__meta_kubernetes_pod_label_", key) for key in labels}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        for rule in endpoint.get("relabelings", []):
+            read = {s for s in rule.get("sourceLabels", []) if s.startswith("__meta_kubernetes_pod_label_")}
+            assert read <= have, f"{monitor['metadata']['name']} relabels from {read - have}, not on the pod"
 
 
 def test_the_workers_monitor_selects_the_worker_pods_and_their_metrics_ports():
