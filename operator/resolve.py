@@ -186,6 +186,7 @@ def _worker_config(
         device="cuda" if spec.resources.gpus > 0 else "cpu",
         block_size=spec.engine.block_size,
         kv_memory_fraction=policy.hbm.kv_fraction,
+        kv_cache_bytes=parse_size(spec.cache.hbm) if spec.cache.hbm is not None else None,
         max_num_seqs=spec.engine.max_num_seqs,
         max_batched_tokens=spec.engine.max_batched_tokens,
         queue_timeout_s=float(tier.spec.routing.queue_ttl_seconds),

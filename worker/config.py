@@ -44,6 +44,12 @@ class EngineConfig(_Strict):
     kv_memory_fraction: float = Field(
         0.9, gt=0, le=1, description="Share of free device memory (after weights) given to KV blocks."
     )
+    kv_cache_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on the KV memory in device memory (bytes), below what `kv_memory_fraction` "
+        "(or `cpu_kv_bytes`) gives; None: no cap.",
+    )
     cpu_kv_bytes: int = Field(
         512 * 2**20, ge=1, description="KV memory on the CPU device, where free memory is not meaningful."
     )

@@ -257,6 +257,11 @@ class CacheRequest(ApiModel):
         )
     )
 
+    hbm: Size | None = Field(
+        None,
+        description="Cap on the KV cache in GPU memory per replica (bytes; quantity), below what the "
+        "tier's `cache.hbm.kvFraction` leaves (on a CPU engine: 512 MiB). Unset: no cap.",
+    )
     dram: Size | None = Field(
         None,
         description="Host-DRAM KV tier per replica (bytes; quantity). Unset uses the tier's "

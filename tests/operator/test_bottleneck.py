@@ -46,9 +46,11 @@ def test_each_verdict_with_the_numbers_behind_it(agg: Aggregate, verdict: str, s
 
 
 def test_rules_apply_in_order() -> None:
-    # Waiting on tiers wins over a full KV cache; a saturated engine with a full cache is compute-bound.
+    # Waiting on tiers wins over a full KV cache; a busy engine whose full cache evicts is HBM-bound
+    # (it recomputes what HBM evicted), a busy one without eviction compute-bound.
     assert diagnose(interval(busy_s=9.0, wait_s=3.0, kv=0.99, preemptions=5)).verdict == "DataPathBound"  # type: ignore[union-attr]
-    assert diagnose(interval(busy_s=9.0, kv=0.99, preemptions=5)).verdict == "ComputeBound"  # type: ignore[union-attr]
+    assert diagnose(interval(busy_s=9.5, kv=0.99, evictions=5)).verdict == "HBMBound"  # type: ignore[union-attr]
+    assert diagnose(interval(busy_s=9.5, kv=0.99)).verdict == "ComputeBound"  # type: ignore[union-attr]
     # A full cache without preemption or eviction is only a well-used cache.
     assert diagnose(interval(busy_s=5.0, kv=0.99)).verdict == "Headroom"  # type: ignore[union-attr]
     # Traffic keeps a service out of Idle even when its engine is barely busy.

@@ -75,6 +75,11 @@ def test_sub_cpu_request_still_gets_one_thread():
     assert plan_for(resources={"cpu": "500m"}).worker.engine.cpu_threads == 1
 
 
+def test_an_hbm_budget_caps_the_engines_kv_cache():
+    assert plan_for().worker.engine.kv_cache_bytes is None
+    assert plan_for(cache={"hbm": "512Ki"}).worker.engine.kv_cache_bytes == 512 * 1024
+
+
 def test_zero_sizes_disable_the_sidecar():
     body = isvc_body(cache={"dram": "0", "nvme": "0"})
     plan = resolve(ResolveInput(body, tier_body(), NS_UID))

@@ -60,8 +60,12 @@ def num_kv_blocks(cfg: EngineConfig, device: torch.device, bytes_per_block: int)
         return cfg.num_gpu_blocks
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return max(1, int(free * cfg.kv_memory_fraction) // bytes_per_block)
-    return max(1, cfg.cpu_kv_bytes // bytes_per_block)
+        budget = int(free * cfg.kv_memory_fraction)
+    else:
+        budget = cfg.cpu_kv_bytes
+    if cfg.kv_cache_bytes is not None:  # the service's HBM budget (spec.cache.hbm)
+        budget = min(budget, cfg.kv_cache_bytes)
+    return max(1, budget // bytes_per_block)
 
 
 class LLMEngine:
