@@ -85,11 +85,13 @@ class Observation:
     requests_waiting: int | None = None  # None: unknown (TTFT then counts as before)
 
     @classmethod
-    def of(cls, agg: Aggregate) -> Observation:
+    def of(cls, agg: Aggregate, ready_replicas: int | None = None) -> Observation:
+        """``ready_replicas`` 0 (a woken service whose pod is still starting, with requests held
+        at its routers) counts as traffic: idleness cannot be judged until a replica serves."""
         return cls(
             kv_cache_usage=agg.kv_cache_usage,
             ttft_p95_ms=agg.ttft_p95_s * 1000 if agg.ttft_p95_s is not None else None,
-            had_traffic=agg.had_traffic,
+            had_traffic=agg.had_traffic or ready_replicas == 0,
             prefill_utilization=agg.prefill_utilization,
             requests_waiting=agg.requests_waiting,
         )

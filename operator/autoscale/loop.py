@@ -294,9 +294,10 @@ class Autoscaler:
             log.warning("autoscaler: %s/%s not scaled: %s", meta["namespace"], meta["name"], exc)
             return
         history = self.histories.setdefault(uid, History(started=now))
-        seen = Observation.of(agg)
+        seen = Observation.of(agg, ready_replicas=len(self.scrapes[uid].pods))
         decision = decide(current, seen, policy, history, now)
-        history.record(now, decision.recommendation, agg.had_traffic, policy.keep_s, seen.prefill_utilization)
+        utilization = seen.prefill_utilization
+        history.record(now, decision.recommendation, seen.had_traffic, policy.keep_s, utilization)
         if decision.changes(current):
             await self._apply(isvc, current, decision)
 

@@ -8,6 +8,7 @@ import pytest
 
 from strata.operator.autoscale.decide import History, Observation, Policy, decide
 from strata.operator.autoscale.peering import is_active
+from strata.operator.autoscale.signals import Aggregate
 
 NO_WINDOWS = Policy(
     target_kv_cache_usage=0.75,
@@ -150,6 +151,20 @@ def test_scale_to_zero_after_the_idle_window_when_allowed():
 
 def test_traffic_in_the_interval_prevents_scale_to_zero():
     assert decide(1, seen(kv=0.0, traffic=True), ZERO, fresh(0), 10_000).replicas == 1
+
+
+def test_a_woken_service_is_not_idle_while_no_replica_is_ready():
+    """Woken at t=0 (requests held at its router), its pod still starting at t=40: back to zero
+    now would strand the held requests. The idle clock runs from when a replica is ready."""
+    history = fresh(0)
+    idle = Aggregate(kv_cache_usage=None, ttft_p95_s=None, requests_waiting=None)
+    starting = Observation.of(idle, ready_replicas=0)
+    zero_30 = Policy(**{**ZERO.__dict__, "scale_to_zero_idle_s": 30})
+    assert decide(1, starting, zero_30, history, 40).replicas == 1
+    history.record(40, 1, starting.had_traffic, keep_s=0)
+    served = Observation.of(idle, ready_replicas=1)
+    assert decide(1, served, zero_30, history, 60).replicas == 1  # idle 20 s since it was ready
+    assert decide(1, served, zero_30, history, 70).replicas == 0
 
 
 def test_scale_to_zero_forbidden_by_the_tier_or_by_min_replicas():
