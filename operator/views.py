@@ -79,8 +79,13 @@ class IndexViews:
 
 
 def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields worth keeping of a watch event's body (no copy: events are never changed)."""
-    return {k: body[k] for k in BODY_FIELDS if k in body}
+    """The fields worth keeping of a watch event's body (no deep copy: events are never changed).
+    metadata.managedFields is left out: nothing reads it, and it is a large part of every cached
+    service and workload (memory grows with the fleet)."""
+    kept = {k: body[k] for k in BODY_FIELDS if k in body}
+    if "managedFields" in kept.get("metadata", {}):
+        kept["metadata"] = {k: v for k, v in kept["metadata"].items() if k != "managedFields"}
+    return kept
 
 
 def owning_service(

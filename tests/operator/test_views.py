@@ -40,6 +40,17 @@ def test_a_snapshot_keeps_the_object_not_the_event() -> None:
     assert snapshot(body) == {k: v for k, v in body.items() if k != "type"}
 
 
+def test_a_snapshot_leaves_out_managed_fields_and_the_event_body_unchanged() -> None:
+    fields = [{"manager": "strata-operator", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+    body: dict[str, Any] = {
+        "kind": "Deployment",
+        "metadata": {"name": "a", "resourceVersion": "7", "managedFields": fields},
+    }
+    kept = snapshot(body)
+    assert kept["metadata"] == {"name": "a", "resourceVersion": "7"}
+    assert body["metadata"]["managedFields"] == fields
+
+
 def test_views_read_services_tiers_workloads_and_counts() -> None:
     views = IndexViews()
     assert views.service(("a", "b")) is None and not views.bound
