@@ -8,16 +8,16 @@ import time
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from strata.router.gate import Gate, Refused
 from strata.router.intake import Intake
 from strata.router.metrics import RouterMetrics
 from strata.router.proxy import Forwarder
-from strata.worker.logs import REQUEST_ID
+from strata.worker.server.auth import api_key_check
 from strata.worker.server.errors import error_response, json_errors
 from strata.worker.server.protocol import ApiError, Kind
-from strata.worker.server.request_id import HEADER as REQUEST_ID_HEADER
-from strata.worker.server.request_id import request_id
+from strata.worker.server.request_id import REQUEST_ID_KEY, echo_request_id, request_ids
 from strata.worker.server.responses import model_list
 
 log = logging.getLogger(__name__)
@@ -37,41 +37,32 @@ PARTS = web.AppKey("parts", Parts)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
-    # One id per request, made once: the worker gets it, the caller gets it back, and every log
-    # line of the request (router and worker) carries it.
-    rid = request_id(request.headers)
-    token = REQUEST_ID.set(rid)
-    try:
-        return await _route(request, kind, rid, time.monotonic())
-    finally:
-        REQUEST_ID.reset(token)
-
-
-async def _route(request: web.Request, kind: Kind, rid: str, arrived: float) -> web.StreamResponse:
+    # One id per request, made once (the request_ids middleware, as the worker's): the worker gets
+    # it, the caller gets it back, and every log line of the request (router and worker) has it.
+    rid = request[REQUEST_ID_KEY]
+    arrived = time.monotonic()
     parts = request.app[PARTS]
     try:
         admitted = parts.intake.admit(await request.read(), kind, request.headers, rid)
         route = await parts.gate.enter(admitted.prompt, admitted.priority)
     except ApiError as err:
         parts.metrics.requests.labels("invalid", str(err.status)).inc()
-        return _error(rid, err)
+        return _error(err)
     except Refused as refused:
         parts.metrics.requests.labels(refused.reason, str(refused.status)).inc()
         kind_ = "rate_limit_error" if refused.status == 429 else "server_error"
-        return _error(rid, ApiError(refused.status, refused.message, kind=kind_), refused.retry_after_s)
+        return _error(ApiError(refused.status, refused.message, kind=kind_), refused.retry_after_s)
     parts.metrics.queue.labels(str(admitted.priority)).observe(route.queued_s)
     try:
         return await parts.forwarder.forward(request, admitted, route, arrived)
     except ApiError as err:
-        return _error(rid, err)
+        return _error(err)
 
 
-def _error(rid: str, err: ApiError, retry_after_s: int | None = None) -> web.Response:
+def _error(err: ApiError, retry_after_s: int | None = None) -> web.Response:
     """The router's own answer (nothing was forwarded), logged under the request's id."""
     log.info("request refused", extra={"status": err.status, "param": err.param, "reason": str(err)})
-    response = error_response(err, retry_after_s)
-    response.headers[REQUEST_ID_HEADER] = rid
-    return response
+    return error_response(err, retry_after_s)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -96,12 +87,18 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
-def build_app(parts: Parts) -> web.Application:
+def build_app(parts: Parts, api_key: str | None = None) -> web.Application:
+    """``api_key``, when given (``STRATA_API_KEY``, the workers' own), is checked at the door as
+    the workers check it; the caller's ``Authorization`` goes on to the worker either way."""
+    middlewares: list[Middleware] = [request_ids, json_errors]
+    if api_key:
+        middlewares.append(api_key_check(api_key))
     app = web.Application(
-        middlewares=[json_errors],
+        middlewares=middlewares,
         client_max_size=BODY_LIMIT,
         handler_args={"max_field_size": HEADER_PARSE_LIMIT, "max_line_size": HEADER_PARSE_LIMIT},
     )
+    app.on_response_prepare.append(echo_request_id)
     app[PARTS] = parts
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

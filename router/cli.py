@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pydantic import ValidationError
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
             print(f"strata router: no Kubernetes credentials: {exc}", file=sys.stderr)
             return 2
     from strata.router.main import serve
+    from strata.worker.server.auth import API_KEY_ENV
 
-    serve(config, creds)
+    serve(config, creds, os.environ.get(API_KEY_ENV) or None)
     return 0

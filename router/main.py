@@ -112,20 +112,21 @@ class Runtime:
             await self.session.close()
 
 
-def make_app(config: RouterConfig, creds: Credentials | None) -> web.Application:
-    """The app; starting it starts discovery and the followers, cleaning it up stops them."""
+def make_app(config: RouterConfig, creds: Credentials | None, api_key: str | None = None) -> web.Application:
+    """The app; starting it starts discovery and the followers, cleaning it up stops them.
+    ``api_key``: checked at the door as the workers check it (``strata.worker.server.auth``)."""
     runtime = Runtime(config, creds)
     # One session to the workers: no connection limit (the gate bounds requests in flight).
     runtime.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-    app = build_app(runtime.parts(runtime.session))
+    app = build_app(runtime.parts(runtime.session), api_key)
     app.on_startup.append(runtime.start)
     app.on_cleanup.append(runtime.stop)
     return app
 
 
-def serve(config: RouterConfig, creds: Credentials | None) -> None:
+def serve(config: RouterConfig, creds: Credentials | None, api_key: str | None = None) -> None:
     async def build() -> web.Application:
-        return make_app(config, creds)
+        return make_app(config, creds, api_key)
 
     # handler_cancellation: a caller that hangs up cancels its request, and the worker sees it.
     web.run_app(

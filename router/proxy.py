@@ -166,7 +166,6 @@ class Forwarder:
         for name in PASSED_BACK:
             if name in upstream.headers:
                 out.headers[name] = upstream.headers[name]
-        out.headers[REQUEST_ID] = admitted.request_id  # as the worker echoes it, set here whatever it does
         if upstream.content_length is not None:
             out.content_length = upstream.content_length
         tap = UsageTap()

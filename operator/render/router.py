@@ -23,6 +23,7 @@ from strata.operator.render.pod import (
 )
 from strata.operator.render.volumes import engine_mounts, model_volume
 from strata.operator.settings import OperatorSettings
+from strata.worker.server.auth import API_KEY_ENV
 
 ROUTER_REPLICAS = 2
 COMPONENT = "router"
@@ -154,7 +155,11 @@ def _container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "command": ["strata", "router", "serve", "--config", names.ROUTER_CONFIG_PATH],
         "args": ["--host=$(POD_IP)"],  # its own address: on the local pod runtime pods share a host
         "ports": [{"name": "http", "containerPort": plan.router.port, "protocol": "TCP"}],
-        "env": [*pod_env(), {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "env": [
+            *pod_env(),
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *api_key_env(plan),
+        ],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 60},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
@@ -162,6 +167,13 @@ def _container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "volumeMounts": _mounts(plan),
         "securityContext": container_security_context(),
     }
+
+
+def api_key_env(plan: ServicePlan) -> list[Manifest]:
+    """The workers' API key, when the service sets it by name in ``spec.pod.env``: the router
+    checks it at the door as the workers do. Only that variable: the router gets none of the
+    tenant's other secrets (a key that comes in through ``envFrom`` stays the workers' alone)."""
+    return [dict(e) for e in plan.pod.env if e.get("name") == API_KEY_ENV]
 
 
 def _volumes(plan: ServicePlan) -> list[Manifest]:

@@ -135,10 +135,11 @@ class RouterProcess:
     base_url: str
     config_path: Path
     log_path: Path
+    env: dict[str, str] | None = None  # the whole environment (None: this process's)
     proc: subprocess.Popen[bytes] = field(init=False)
 
     def start(self) -> None:
-        self.proc = _spawn(["router", "serve", "--config", str(self.config_path)], self.log_path)
+        self.proc = _spawn(["router", "serve", "--config", str(self.config_path)], self.log_path, self.env)
         wait_ok(self.base_url + "/health", self.proc, self.log_path, READY_WITHIN_S)
 
     def kill(self) -> None:
@@ -171,11 +172,13 @@ def router_config(workers: list[str], name: str = "tiny", **overrides: Any) -> d
 
 
 @contextmanager
-def running_router(workdir: Path, config: dict[str, Any]) -> Iterator[RouterProcess]:
+def running_router(
+    workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None
+) -> Iterator[RouterProcess]:
     port = free_port()
     config_path = workdir / f"router-{port}.yaml"
     config_path.write_text(yaml.safe_dump(json.loads(json.dumps({**config, "port": port}))))
-    router = RouterProcess(f"http://127.0.0.1:{port}", config_path, workdir / f"router-{port}.log")
+    router = RouterProcess(f"http://127.0.0.1:{port}", config_path, workdir / f"router-{port}.log", env)
     router.start()
     try:
         yield router

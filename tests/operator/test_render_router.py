@@ -158,3 +158,15 @@ def test_the_operator_holds_everything_it_grants_the_router():
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
     } <= writes
+
+
+def test_the_router_gets_the_workers_api_key_and_no_other_tenant_secret():
+    key = {"name": "STRATA_API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}}
+    hf = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    pod = {"env": [hf, key], "envFrom": [{"secretRef": {"name": "more"}}]}
+    (container,) = by_kind(plan_of(pod=pod))["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert [e["name"] for e in container["env"]] == ["POD_NAME", "POD_NAMESPACE", "POD_IP", "STRATA_API_KEY"]
+    ref = container["env"][-1]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == ("api", "key") and "envFrom" not in container
+    (open_router,) = by_kind(plan_of())["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert "STRATA_API_KEY" not in {e["name"] for e in open_router["env"]}

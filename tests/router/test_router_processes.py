@@ -371,3 +371,24 @@ def logged(log: str, request_id: str, msg: str | None = None) -> bool:
         if entry.get("request_id") == request_id and msg in (None, entry.get("msg")):
             return True
     return False
+
+
+def test_a_router_with_the_key_refuses_callers_without_it_at_the_door(keyed: WorkerProcess, tmp_path: Path):
+    """With the workers' key (as the operator passes it on), the router answers 401 itself, the
+    same 401 as the worker's, before validating or queueing anything; with the key, requests go
+    through and bad input gets the usual 400."""
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: forwarding anything would fail
+    env = {**os.environ, "STRATA_API_KEY": API_KEY}
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    with running_router(tmp_path, router_config([dead]), env=env) as alone:
+        direct = post(keyed.base_url, "/v1/completions", b"not json", {"X-Request-Id": "door-1"})
+        routed = post(alone.base_url, "/v1/completions", b"not json", {"X-Request-Id": "door-1"})
+        assert routed[0] == direct[0] == 401 and routed[1] == direct[1]
+        assert routed[2]["X-Request-Id"] == "door-1"
+        assert post(alone.base_url, "/v1/completions", b"not json", auth)[0] == 400
+        with pytest.raises(openai.AuthenticationError):
+            client(alone.base_url).models.list()
+        models = openai.OpenAI(base_url=alone.base_url + "/v1", api_key=API_KEY, max_retries=0).models.list()
+        assert [m.id for m in models] == ["tiny"]
+        metrics = alone.metrics()  # probes and Prometheus need no key
+    assert not any(k.startswith("strata_router_retries_total") for k in metrics)

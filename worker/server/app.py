@@ -9,66 +9,28 @@ that escapes a handler.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from strata.worker.block_events import BlockEvents
-from strata.worker.logs import REQUEST_ID
 from strata.worker.server import block_stream
+from strata.worker.server.auth import api_key_check
 from strata.worker.server.drain import Drain
 from strata.worker.server.engine_loop import EngineLoop
-from strata.worker.server.errors import ApiError, Handler, error_response, json_errors
+from strata.worker.server.errors import json_errors
 from strata.worker.server.generate import (
     DRAIN_KEY,
     LOOP_KEY,
     METRICS_KEY,
-    REQUEST_ID_KEY,
     generate,
 )
 from strata.worker.server.metrics import WorkerMetrics
-from strata.worker.server.request_id import HEADER as REQUEST_ID_HEADER
-from strata.worker.server.request_id import request_id
+from strata.worker.server.request_id import echo_request_id, request_ids
 from strata.worker.server.responses import model_list
 
 log = logging.getLogger(__name__)
-API_KEY_ENV = "STRATA_API_KEY"  # set from a Secret (InferenceService spec.pod.env); unset: open
-
-
-@web.middleware
-async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every request gets an id (the caller's X-Request-Id or a new one) for its log lines."""
-    rid = request_id(request.headers)
-    request[REQUEST_ID_KEY] = rid
-    token = REQUEST_ID.set(rid)
-    try:
-        return await handler(request)
-    finally:
-        REQUEST_ID.reset(token)
-
-
-async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """Before headers go out (a stream prepares its response inside the handler)."""
-    rid = request.get(REQUEST_ID_KEY)
-    if rid is not None:
-        response.headers[REQUEST_ID_HEADER] = rid
-
-
-def api_key_check(api_key: str) -> Middleware:
-    """``Authorization: Bearer <key>`` on the API routes, compared in constant time."""
-    expected = f"Bearer {api_key}".encode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
-        if request.path.startswith("/v1/") and not hmac.compare_digest(given, expected):
-            message = "invalid or missing API key: send Authorization: Bearer <key>"
-            return error_response(ApiError(401, message, kind="authentication_error"))
-        return await handler(request)
-
-    return check
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

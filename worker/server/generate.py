@@ -22,12 +22,12 @@ from strata.worker.server.engine_loop import EngineLoop, RequestHandle, TokenEve
 from strata.worker.server.errors import ApiError, error_response, retry_after_s
 from strata.worker.server.metrics import WorkerMetrics
 from strata.worker.server.protocol import ApiRequest, Kind, parse_request
+from strata.worker.server.request_id import REQUEST_ID_KEY
 from strata.worker.server.responses import LogprobsFormat, response_body, stream_chunk, usage, usage_chunk
 
 log = logging.getLogger(__name__)
 LOOP_KEY = web.AppKey("engine_loop", EngineLoop)
 METRICS_KEY = web.AppKey("metrics", WorkerMetrics)
-REQUEST_ID_KEY = web.RequestKey("request_id", str)
 DRAIN_KEY = web.AppKey("drain", Drain)
 REFUSED = {"queue_timeout": 429, "queue_full": 429, "error": 500, "shutdown": 503}
 DRAINING_MESSAGE = "server shutting down: this replica is draining and takes no new requests; retry another"

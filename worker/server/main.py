@@ -18,7 +18,8 @@ from aiohttp import web
 
 from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
 from strata.worker.engine.llm_engine import LLMEngine
-from strata.worker.server.app import API_KEY_ENV, build_app
+from strata.worker.server.app import build_app
+from strata.worker.server.auth import API_KEY_ENV
 from strata.worker.server.drain import Drain
 from strata.worker.server.engine_loop import EngineLoop
 
