@@ -25,20 +25,38 @@ async def replay(
     requests: Sequence[TimedRequest],
     on_done: OnDone | None = None,
     max_in_flight: int = 256,
+    stop: asyncio.Event | None = None,
 ) -> list[Outcome]:
-    """Every request's outcome, in arrival order; cancelling the call cancels what is in flight."""
+    """The outcome of every request sent, in arrival order. Once ``stop`` is set nothing more is
+    sent and the call returns when what was in flight has finished; cancelling the call cancels
+    what is in flight."""
     started = time.monotonic()
     limit = asyncio.Semaphore(max_in_flight)
 
-    async def timed(request: TimedRequest) -> Outcome:
-        await asyncio.sleep(max(0.0, request.at_s - (time.monotonic() - started)))
+    async def timed(request: TimedRequest) -> Outcome | None:
+        delay = max(0.0, request.at_s - (time.monotonic() - started))
+        if stop is None:
+            await asyncio.sleep(delay)
+        elif await _stopped_within(stop, delay):
+            return None
         async with limit:
+            if stop is not None and stop.is_set():
+                return None
             outcome = await send(client, model, request, time.monotonic() - started)
         if on_done is not None:
             on_done(outcome)
         return outcome
 
-    return list(await asyncio.gather(*(timed(r) for r in requests)))
+    sent = await asyncio.gather(*(timed(r) for r in requests))
+    return [o for o in sent if o is not None]
+
+
+async def _stopped_within(stop: asyncio.Event, delay_s: float) -> bool:
+    try:
+        await asyncio.wait_for(stop.wait(), delay_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 async def send(client: openai.AsyncOpenAI, model: str, request: TimedRequest, sent_s: float) -> Outcome:
