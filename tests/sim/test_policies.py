@@ -72,6 +72,14 @@ def test_builtin_takes_the_tier_policy_and_the_service_bounds():
     assert policy.policy.scale_to_zero and policy.policy.min_replicas == 0
 
 
+def test_builtin_keeps_a_woken_service_whose_pod_starts_for_longer_than_the_idle_window():
+    svc = service(trace((0.0, 100, 1, (1,))), tier="batch", replicas=0, min_replicas=0, max_replicas=16)
+    Fleet([svc], 64, Router(random.Random(0)), Clock().at).scale(svc, 1, 0.0, "woken")
+    policy = Builtin(svc)  # no pod ready, no request held: idle by the counters alone
+    verdicts = [policy.decide(View(svc, float(t))) for t in range(0, 1201, 15)]
+    assert svc.desired == 1 and all(v is None or v.replicas == 1 for v in verdicts)
+
+
 def test_kv_threshold_adds_one_when_spare_kv_runs_low_but_not_while_one_starts():
     svc = ready_service(2)
     policy = Saturation()

@@ -30,7 +30,7 @@ class Builtin:
         if previous is None:
             return None  # the first interval only primes the deltas, as after an operator start
         history = self.history = self.history or History(started=view.now)
-        seen = Observation.of(aggregate(previous, current))
+        seen = Observation.of(aggregate(previous, current), ready_replicas=len(current.pods))
         if view.service.held:  # the router's held requests wake the service (issue 9's wake path)
             seen = replace(seen, had_traffic=True)
         decision = decide(view.desired, seen, self.policy, history, view.now)
