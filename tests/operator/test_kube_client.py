@@ -86,10 +86,12 @@ async def test_429_and_503_are_retried_until_an_answer(serve: Serve) -> None:
 async def test_a_stalled_answer_times_out_and_the_retry_gets_through(serve: Serve) -> None:
     async def answer(n: int) -> web.StreamResponse:
         if n == 1:
-            await asyncio.sleep(5)  # longer than the 0.3 s timeout: the client gives up on it
+            await asyncio.sleep(10)  # five times the timeout: the client gives up on it
         return web.json_response({"metadata": {"name": "team-a"}})
 
-    kube, metrics = client(await serve(answer), floor_s=0.3)
+    # A 2 s timeout: short enough for a quick test, long enough that the retry's prompt answer is not
+    # itself timed out on a slow, loaded machine (0.3 s was, under a load average of 25).
+    kube, metrics = client(await serve(answer), floor_s=2.0)
     assert (await kube.request("GET", PATH))["metadata"]["name"] == "team-a"
     assert sample(metrics, "strata_operator_api_retries_total", reason="timeout") == 1
     await kube.close()
