@@ -31,7 +31,9 @@ def start_operator(detached: Detached, kubeconfig: Path, worker_address: str) ->
     env = stack.operator_env(
         {"STRATA_SCRAPE_ADDRESS": worker_address, "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S)}
     )
-    argv = stack.operator_argv(kubeconfig, metrics, liveness, "--log-format=plain")
+    # One replica, so no peering: the chart names its peering object per release, and kopf given a
+    # peering name it cannot find pauses without a word.
+    argv = stack.operator_argv(kubeconfig, metrics, liveness, "--standalone", "--log-format=plain")
     detached.start("operator", argv, env=env)
     return metrics
 
