@@ -17,10 +17,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from strata.cluster import binaries, components, health
+from strata.cluster.cluster import check_cpu_quantity
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".demo" / "cluster"
 UP_TIMEOUT_S = 300.0
@@ -60,7 +62,16 @@ def _clear_directory(directory: Path) -> None:
     """Remove a stopped cluster's leftovers; refuse to touch a directory that is not ours."""
     if not directory.exists():
         return
-    ours = {"pki", "logs", "etcd-data", "kubeconfigs", "kubeconfig", "state.json", ".kube-cache"}
+    ours = {
+        "pki",
+        "logs",
+        "etcd-data",
+        "kubeconfigs",
+        "kubeconfig",
+        "state.json",
+        ".kube-cache",
+        "pod-runtime",
+    }
     strangers = sorted(p.name for p in directory.iterdir() if p.name not in ours)
     if strangers:
         raise NotAClusterDirectoryError(
@@ -96,7 +107,7 @@ def usage_text(directory: Path, state: dict[str, Any]) -> str:
             f"cluster up at {state['api_url']} (started in {state.get('startup_s')}s), state in {directory}",
             "use it:",
             f'  eval "$(strata cluster env{dir_flag})"    # sets KUBECONFIG, puts kubectl and helm on PATH',
-            "  kubectl get nodes -L nvidia.com/gpu.product,strata.dev/local-nvme-gib",
+            "  kubectl get nodes -L nvidia.com/gpu.product,strata.dev/pod-runtime",
             f"logs: {directory / 'logs'}",
             f"stop: strata cluster down{dir_flag}",
         ]
@@ -121,7 +132,7 @@ def _take_lock(directory: Path) -> int | None:
 
 
 def _spawn_supervisor(
-    directory: Path, gpu_nodes: int, lock_fd: int, log_path: Path
+    directory: Path, nodes: NodeCounts, lock_fd: int, log_path: Path
 ) -> subprocess.Popen[bytes]:
     # The supervisor inherits the locked fd, so the lock lives exactly as long as the supervisor.
     argv = [
@@ -129,7 +140,9 @@ def _spawn_supervisor(
         "-m",
         "strata.cluster.supervisor",
         f"--dir={directory}",
-        f"--gpu-nodes={gpu_nodes}",
+        f"--gpu-nodes={nodes.gpu}",
+        f"--local-nodes={nodes.local}",
+        *([f"--local-node-cpu={nodes.local_cpu}"] if nodes.local_cpu else []),
     ]
     with log_path.open("ab") as log_file:
         return subprocess.Popen(
@@ -142,7 +155,16 @@ def _spawn_supervisor(
         )
 
 
-def cmd_up(directory: Path, gpu_nodes: int) -> int:
+@dataclass(frozen=True)
+class NodeCounts:
+    """What ``up`` creates: KWOK GPU nodes, and local nodes whose pods run for real."""
+
+    gpu: int = 4
+    local: int = 1
+    local_cpu: str | None = None
+
+
+def cmd_up(directory: Path, nodes: NodeCounts = NodeCounts()) -> int:
     binaries.find_bin_dir()  # fail here, with the clear message, rather than in the supervisor's log
     lock_fd = _take_lock(directory)
     if lock_fd is None:
@@ -159,7 +181,7 @@ def cmd_up(directory: Path, gpu_nodes: int) -> int:
         _clear_directory(directory)
         log_path = components.Layout(directory).logs / "supervisor.log"
         log_path.parent.mkdir(parents=True)
-        supervisor = _spawn_supervisor(directory, gpu_nodes, lock_fd, log_path)
+        supervisor = _spawn_supervisor(directory, nodes, lock_fd, log_path)
     finally:
         os.close(lock_fd)
     if not _wait_for_supervisor(directory, supervisor, log_path):
@@ -248,10 +270,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
     )
-    parser.add_argument("--gpu-nodes", type=int, default=4, help="fake GPU nodes to create (up only)")
+    parser.add_argument("--gpu-nodes", type=int, default=4, help="KWOK GPU nodes to create (up only)")
+    parser.add_argument(
+        "--local-nodes", type=int, default=1, help="nodes whose pods run as processes here (up only)"
+    )
+    parser.add_argument(
+        "--local-node-cpu", default=None, help="CPU each local node offers (default: this machine's CPUs)"
+    )
     args = parser.parse_args(argv)
-    if args.gpu_nodes < 0:
-        parser.error(f"--gpu-nodes: must be >= 0, got {args.gpu_nodes}")
+    for flag in ("gpu_nodes", "local_nodes"):
+        if getattr(args, flag) < 0:
+            parser.error(f"--{flag.replace('_', '-')}: must be >= 0, got {getattr(args, flag)}")
+    if args.local_node_cpu is not None:
+        try:
+            check_cpu_quantity(args.local_node_cpu, "--local-node-cpu")
+        except ValueError as error:
+            parser.error(str(error))
     args.dir = args.dir.resolve()
     return args
 
@@ -260,7 +294,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
         if args.command == "up":
-            return cmd_up(args.dir, args.gpu_nodes)
+            return cmd_up(args.dir, NodeCounts(args.gpu_nodes, args.local_nodes, args.local_node_cpu))
         if args.command == "down":
             return cmd_down(args.dir)
         if args.command == "env":

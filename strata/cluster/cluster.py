@@ -11,12 +11,12 @@ import hashlib
 import json
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata.cluster import certs, components, kubeconfig, nodes, processes, storage
+from strata.cluster import certs, components, kubeconfig, nodes, podfiles, processes, storage
 
 KUBECTL_TIMEOUT_S = 120.0
 
@@ -30,17 +30,41 @@ class KubectlError(subprocess.CalledProcessError):
 
 @dataclass(frozen=True)
 class ClusterConfig:
+    """``gpu_nodes`` KWOK nodes (pods only pretend to run) and ``local_nodes`` nodes whose pods the
+    local pod runtime runs as processes here, each offering ``local_node_cpu`` CPUs (a quantity
+    such as "2" or "1500m"; None: the CPUs this machine gives the cluster)."""
+
     gpu_nodes: int = 4
     node_shape: nodes.GpuNodeShape = field(default_factory=nodes.GpuNodeShape)
     node_prefix: str = "gpu-node"
     networks: components.Networks = field(default_factory=components.Networks)
     start_timeout_s: float = 180.0
+    local_nodes: int = 0
+    local_node_cpu: str | None = None
+    local_node_shape: nodes.GpuNodeShape = field(default_factory=nodes.GpuNodeShape)
+    local_node_prefix: str = "local-node"
 
     def __post_init__(self) -> None:
-        if self.gpu_nodes < 0:
-            raise ValueError(f"ClusterConfig.gpu_nodes: must be >= 0, got {self.gpu_nodes}")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.node_prefix):
-            raise ValueError(f"ClusterConfig.node_prefix: not a DNS label: {self.node_prefix!r}")
+        for name in ("gpu_nodes", "local_nodes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ClusterConfig.{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("node_prefix", "local_node_prefix"):
+            if not re.fullmatch(DNS_LABEL, getattr(self, name)):
+                raise ValueError(f"ClusterConfig.{name}: not a DNS label: {getattr(self, name)!r}")
+        if self.node_prefix == self.local_node_prefix:
+            raise ValueError("ClusterConfig.local_node_prefix: must differ from node_prefix")
+        if self.local_node_cpu is not None:
+            check_cpu_quantity(self.local_node_cpu, "ClusterConfig.local_node_cpu")
+
+
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+def check_cpu_quantity(value: str, what: str) -> str:
+    """``value`` when it is a positive CPU quantity ("2", "0.5", "1500m"); ValueError otherwise."""
+    if not re.fullmatch(r"(\d+(\.\d+)?|\d+m)", value) or float(value.rstrip("m")) <= 0:
+        raise ValueError(f"{what}: not a positive CPU quantity such as '2' or '1500m': {value!r}")
+    return value
 
 
 def _safe(name: str) -> str:
@@ -57,6 +81,7 @@ class Cluster:
         api_url: str,
         owned: Sequence[processes.ManagedProcess] = (),
         startup_s: float | None = None,
+        networks: components.Networks | None = None,
     ) -> None:
         self.directory = directory
         self.layout = components.Layout(directory)
@@ -64,6 +89,7 @@ class Cluster:
         self.api_url = api_url
         self.kubeconfig = self.layout.admin_kubeconfig
         self.startup_s = startup_s
+        self.networks = networks or components.Networks()
         self._owned = list(owned)
 
     @classmethod
@@ -71,7 +97,14 @@ class Cluster:
         """A handle on a cluster another process runs (``strata cluster up``); ``stop`` is a no-op."""
         directory = directory.resolve()
         state = read_state(directory)
-        return cls(directory, Path(state["bin_dir"]), state["api_url"], startup_s=state.get("startup_s"))
+        networks = components.Networks(**state["networks"]) if "networks" in state else None
+        return cls(
+            directory,
+            Path(state["bin_dir"]),
+            state["api_url"],
+            startup_s=state.get("startup_s"),
+            networks=networks,
+        )
 
     @property
     def owned_processes(self) -> list[processes.ManagedProcess]:
@@ -149,17 +182,63 @@ class Cluster:
         wait: bool = True,
         timeout_s: float = 120.0,
     ) -> list[str]:
-        """Create ``count`` more fake GPU nodes (numbered after the existing ones); their names."""
+        """Create ``count`` more KWOK GPU nodes (numbered after the existing ones); their names."""
+        shape = shape or nodes.GpuNodeShape()
+
+        def manifest(name: str, index: int, cidr: str) -> dict[str, Any]:
+            return nodes.gpu_node_manifest(name, index, shape, cidr)
+
+        return self._add_nodes(count, prefix, manifest, wait, timeout_s)
+
+    def add_local_nodes(
+        self,
+        count: int,
+        shape: nodes.GpuNodeShape | None = None,
+        cpu: str | None = None,
+        prefix: str = "local-node",
+        wait: bool = True,
+        timeout_s: float = 120.0,
+    ) -> list[str]:
+        """Create ``count`` more nodes whose pods the local pod runtime runs as real processes,
+        each offering ``cpu`` (default: this machine's CPUs) and this machine's memory."""
+        shape = shape or nodes.GpuNodeShape()
+        cpu = check_cpu_quantity(cpu, "cpu") if cpu is not None else str(nodes.machine_cpus())
+        memory = nodes.machine_memory()
+
+        def manifest(name: str, index: int, cidr: str) -> dict[str, Any]:
+            return nodes.local_node_manifest(name, index, shape, cidr, cpu, memory)
+
+        return self._add_nodes(count, prefix, manifest, wait, timeout_s)
+
+    def _add_nodes(
+        self,
+        count: int,
+        prefix: str,
+        manifest: Callable[[str, int, str], dict[str, Any]],
+        wait: bool,
+        timeout_s: float,
+    ) -> list[str]:
+        if count < 0:
+            raise ValueError(f"count: must be >= 0, got {count}")
+        if count == 0:
+            return []
         existing = [int(n.rsplit("-", 1)[1]) for n in self.node_names(prefix)]
         start = max(existing, default=-1) + 1
-        manifest = nodes.gpu_nodes_manifest(prefix, start, count, shape or nodes.GpuNodeShape())
-        names = [item["metadata"]["name"] for item in manifest["items"]]
-        if not names:
-            return []
-        self.kubectl("create", "-f", "-", input=json.dumps(manifest))
+        cidrs = self.networks.allocate_node_cidrs(self._node_cidrs_in_use(), count)
+        items = [
+            manifest(nodes.node_name(prefix, start + i), start + i, cidr) for i, cidr in enumerate(cidrs)
+        ]
+        self.kubectl(
+            "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        )
+        names = [item["metadata"]["name"] for item in items]
         if wait:
             self.wait_nodes_ready(names, timeout_s)
         return names
+
+    def _node_cidrs_in_use(self) -> set[str]:
+        listed = self.kubectl("get", "nodes", "-o", "jsonpath={.items[*].spec.podCIDR}").stdout
+        return set(listed.split())
 
     def add_storage_class(
         self, name: str, default: bool = False, binding_mode: storage.BindingMode = "Immediate"
@@ -175,6 +254,25 @@ class Cluster:
             *(f"node/{n}" for n in names),
             timeout_s=timeout_s + 30,
         )
+
+    def container_log(self, namespace: str, pod: str, container: str, previous: bool = False) -> str:
+        """What a container of the local pod runtime printed (its current run, or the previous one)."""
+        return podfiles.container_log(self.layout.pod_logs, namespace, pod, container, previous)
+
+    def container_pid(self, namespace: str, pod: str, container: str) -> int | None:
+        """The host pid of a local pod's running container (for fault tests); None when not running."""
+        return podfiles.container_pid(self.layout.pod_runtime / "pods", namespace, pod, container)
+
+    def restart_component(self, name: str) -> processes.ManagedProcess:
+        """Start component ``name`` again with its original command line and environment (fault
+        tests kill one, then check what the new one does); the old one is stopped if it runs."""
+        old = next((p for p in self._owned if p.name == name), None)
+        if old is None:
+            raise KeyError(f"no component {name!r} owned by this handle")
+        old.stop()
+        new = processes.start_process(name, old.argv, old.log_path, old.env)
+        self._owned[self._owned.index(old)] = new
+        return new
 
     def stop(self) -> None:
         """Stop the processes this handle started (newest first); the directory is left for its logs."""

@@ -7,6 +7,7 @@ releases) are readable in one place and unit-tested without starting anything.
 from __future__ import annotations
 
 import ipaddress
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,16 @@ class Layout:
         return self.root / "logs"
 
     @property
+    def pod_runtime(self) -> Path:
+        """The local pod runtime's state: each pod's volumes and launch specs."""
+        return self.root / "pod-runtime"
+
+    @property
+    def pod_logs(self) -> Path:
+        """Container logs of the local pod runtime: ``<namespace>_<pod>_<uid>/<container>/<n>.log``."""
+        return self.logs / "pods"
+
+    @property
     def kubeconfigs(self) -> Path:
         return self.root / "kubeconfigs"
 
@@ -61,15 +72,58 @@ class Layout:
         return self.pki / f"{component}.crt", self.pki / f"{component}.key"
 
 
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+
+
 @dataclass(frozen=True)
 class Networks:
-    service_cidr: str = "10.96.0.0/16"
-    pod_cidr: str = "10.244.0.0/16"
+    """Every address the test control plane hands out is a loopback address: a pod IP is one a
+    local process can bind and that no other host on any network can be, and a Service ClusterIP
+    goes nowhere (there is no kube-proxy), so nothing run against the cluster can dial out."""
+
+    service_cidr: str = "127.96.0.0/16"
+    pod_cidr: str = "127.64.0.0/16"
+    node_prefix_length: int = 24
+
+    def __post_init__(self) -> None:
+        for name in ("service_cidr", "pod_cidr"):
+            value = getattr(self, name)
+            try:
+                network = ipaddress.ip_network(value)
+            except ValueError as error:
+                raise ValueError(f"Networks.{name}: {error}") from None
+            if not network.subnet_of(LOOPBACK):  # type: ignore[arg-type]
+                raise ValueError(f"Networks.{name}: {value} is outside 127.0.0.0/8 (loopback only)")
+        if not ipaddress.ip_network(self.pod_cidr).prefixlen < self.node_prefix_length <= 30:
+            raise ValueError(
+                f"Networks.node_prefix_length: must be longer than pod_cidr's and <= 30, "
+                f"got {self.node_prefix_length}"
+            )
 
     @property
     def apiserver_service_ip(self) -> str:
         """The first address of the service range: the ``kubernetes`` Service's ClusterIP."""
         return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
+
+    def node_cidrs(self) -> list[str]:
+        """The per-node pod ranges, in order of allocation. The first one is kept back: KWOK
+        hands out its addresses to pods of nodes created without a ``spec.podCIDR``."""
+        subnets = ipaddress.ip_network(self.pod_cidr).subnets(new_prefix=self.node_prefix_length)
+        return [str(subnet) for subnet in subnets]
+
+    @property
+    def unassigned_node_cidr(self) -> str:
+        return self.node_cidrs()[0]
+
+    def allocate_node_cidrs(self, used: set[str], count: int) -> list[str]:
+        """``count`` node ranges not in ``used``, lowest first; ValueError when the range is full."""
+        free = [cidr for cidr in self.node_cidrs()[1:] if cidr not in used][:count]
+        if len(free) < count:
+            raise ValueError(
+                f"Networks.pod_cidr: {self.pod_cidr} holds no {count} more /{self.node_prefix_length} "
+                f"node ranges ({len(used)} in use)"
+            )
+        return free
 
 
 def etcd_argv(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
@@ -142,6 +196,12 @@ def _client_flags(kubeconfig: Path) -> list[str]:
 
 
 API_RATE_FLAGS = ("--kube-api-qps=100", "--kube-api-burst=200")
+CONTROLLERS = (
+    "*",
+    "-endpoints-controller",
+    "-endpointslice-controller",
+    "-endpointslice-mirroring-controller",
+)
 
 
 def controller_manager_argv(bin_dir: Path, layout: Layout, ports: Ports, networks: Networks) -> list[str]:
@@ -150,9 +210,11 @@ def controller_manager_argv(bin_dir: Path, layout: Layout, ports: Ports, network
         str(bin_dir / "kube-controller-manager"),
         *_client_flags(layout.kubeconfig_for("system:kube-controller-manager")),
         *_serving_flags(layout, "kube-controller-manager", ports.controller_manager),
-        # Every controller that is on by default: garbage collector, deployment, replicaset,
-        # statefulset, disruption, horizontal-pod-autoscaling, serviceaccount, namespace, ...
-        "--controllers=*",
+        # Every controller that is on by default (garbage collector, deployment, replicaset,
+        # statefulset, disruption, horizontal-pod-autoscaling, serviceaccount, namespace, ...) but
+        # those publishing Endpoints and EndpointSlices: the apiserver refuses loopback addresses
+        # in them, so these would retry every pod IP forever.
+        f"--controllers={','.join(CONTROLLERS)}",
         # Each controller acts as its own ServiceAccount, as in kubeadm clusters, so RBAC gaps in
         # the bootstrap roles show up here too.
         "--use-service-account-credentials=true",
@@ -195,11 +257,23 @@ def kwok_argv(bin_dir: Path, layout: Layout, networks: Networks, stages: Path) -
         f"--config={stages}",
         "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-        f"--cidr={networks.pod_cidr}",
+        # Pods of a node with a spec.podCIDR get addresses from it; this range is for the others.
+        f"--cidr={networks.unassigned_node_cidr}",
         "--node-ip=127.0.0.1",
         # Without a KwokConfiguration this defaults to 0: no node Leases, and after the grace
         # period the node lifecycle controller taints every node unreachable (NoExecute).
         f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         # At INFO kwok logs every status patch: a line per pod transition.
         "--v=WARN",
+    ]
+
+
+def pod_runtime_argv(layout: Layout) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "strata.cluster.podruntime",
+        f"--kubeconfig={layout.kubeconfig_for('pod-runtime')}",
+        f"--root={layout.pod_runtime}",
+        f"--logs={layout.pod_logs}",
     ]

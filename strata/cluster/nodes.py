@@ -1,4 +1,5 @@
-"""Fake GPU nodes: Node objects that KWOK keeps alive and the real scheduler places pods on.
+"""Fake GPU nodes: Node objects that KWOK (or the local pod runtime) keeps alive and the real
+scheduler places pods on.
 
 The labels follow what real clusters carry (NVIDIA GPU feature discovery's ``nvidia.com/gpu.*``,
 the well-known ``topology.kubernetes.io/*``), plus Strata's own local-NVMe labels, so the
@@ -7,7 +8,9 @@ operator's placement logic is tested against the same keys it meets in productio
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
@@ -18,6 +21,18 @@ GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 LOCAL_NVME_LABEL = "strata.dev/local-nvme"
 LOCAL_NVME_GIB_LABEL = "strata.dev/local-nvme-gib"
+# Nodes with this label are run by the local pod runtime (strata.cluster.podruntime), not KWOK.
+POD_RUNTIME_LABEL = "strata.dev/pod-runtime"
+POD_RUNTIME_LOCAL = "local"
+# Local nodes are tainted, so only pods that ask to run for real (tolerate it) land there; the
+# rest of a test suite keeps KWOK's instant, pretend pods.
+LOCAL_TAINT = {"key": POD_RUNTIME_LABEL, "value": POD_RUNTIME_LOCAL, "effect": "NoSchedule"}
+LOCAL_TOLERATION = {
+    "key": POD_RUNTIME_LABEL,
+    "operator": "Equal",
+    "value": POD_RUNTIME_LOCAL,
+    "effect": "NoSchedule",
+}
 ZONE_LABEL = "topology.kubernetes.io/zone"
 REGION_LABEL = "topology.kubernetes.io/region"
 
@@ -61,14 +76,13 @@ def _resources(shape: GpuNodeShape, reserved: bool) -> dict[str, str]:
     }
 
 
-def gpu_node_manifest(name: str, index: int, shape: GpuNodeShape) -> dict[str, Any]:
-    """The Node object for fake node number ``index`` (zones are assigned round-robin)."""
-    labels = {
+def _labels(name: str, index: int, shape: GpuNodeShape, kind: str) -> dict[str, str]:
+    return {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": f"gpu-{shape.gpus}x",
-        "type": "kwok",
+        "type": kind,
         ZONE_LABEL: shape.zones[index % len(shape.zones)],
         REGION_LABEL: shape.region,
         GPU_PRODUCT_LABEL: shape.gpu_product,
@@ -77,21 +91,52 @@ def gpu_node_manifest(name: str, index: int, shape: GpuNodeShape) -> dict[str, A
         LOCAL_NVME_LABEL: "true" if shape.local_nvme_gib > 0 else "false",
         LOCAL_NVME_GIB_LABEL: str(shape.local_nvme_gib),
     }
+
+
+def _node(
+    metadata: dict[str, Any], pod_cidr: str, capacity: dict[str, str], allocatable: dict[str, str]
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}},
-        "spec": {},
-        "status": {
-            "capacity": _resources(shape, reserved=False),
-            "allocatable": _resources(shape, reserved=True),
-        },
+        "metadata": metadata,
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+        "status": {"capacity": capacity, "allocatable": allocatable},
     }
 
 
-def gpu_nodes_manifest(prefix: str, start: int, count: int, shape: GpuNodeShape) -> dict[str, Any]:
-    """A v1 List of ``count`` nodes numbered from ``start``, ready for ``kubectl create -f -``."""
-    if count < 0:
-        raise ValueError(f"count: must be >= 0, got {count}")
-    items = [gpu_node_manifest(node_name(prefix, i), i, shape) for i in range(start, start + count)]
-    return {"apiVersion": "v1", "kind": "List", "items": items}
+def gpu_node_manifest(name: str, index: int, shape: GpuNodeShape, pod_cidr: str) -> dict[str, Any]:
+    """The Node object for KWOK node number ``index`` (zones are assigned round-robin); its pods
+    get addresses from ``pod_cidr``, as a CNI would assign them from the node's range."""
+    metadata = {
+        "name": name,
+        "labels": _labels(name, index, shape, "kwok"),
+        "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
+    }
+    return _node(metadata, pod_cidr, _resources(shape, reserved=False), _resources(shape, reserved=True))
+
+
+def local_node_manifest(
+    name: str, index: int, shape: GpuNodeShape, pod_cidr: str, cpu: str, memory: str
+) -> dict[str, Any]:
+    """A node whose pods the local pod runtime runs as processes on this machine: no KWOK
+    annotation, the runtime's label and taint (pods opt in with ``LOCAL_TOLERATION``), and the
+    CPU and memory the machine can really give (the GPUs stay fake: the engine runs on the CPU)."""
+    labels = {**_labels(name, index, shape, "local"), POD_RUNTIME_LABEL: POD_RUNTIME_LOCAL}
+    resources = {**_resources(shape, reserved=False), "cpu": cpu, "memory": memory}
+    node = _node({"name": name, "labels": labels}, pod_cidr, resources, dict(resources))
+    node["spec"]["taints"] = [dict(LOCAL_TAINT)]
+    return node
+
+
+def machine_cpus() -> int:
+    """The CPUs this process may run on (the affinity mask, not the host's core count)."""
+    return len(os.sched_getaffinity(0))
+
+
+def machine_memory() -> str:
+    """The machine's memory as a quantity (MemTotal, in Mi)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return f"{int(line.split()[1]) // 1024}Mi"
+    raise RuntimeError("/proc/meminfo: no MemTotal line")

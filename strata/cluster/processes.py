@@ -24,8 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
@@ -53,6 +55,8 @@ class ManagedProcess:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -116,7 +120,9 @@ def start_process(
             start_new_session=True,
             preexec_fn=_die_with_parent(os.getpid()) if die_with_parent else None,
         )
-    process = ManagedProcess(name=name, popen=popen, log_path=log_path)
+    process = ManagedProcess(
+        name=name, popen=popen, log_path=log_path, argv=list(argv), env=None if env is None else dict(env)
+    )
     if die_with_parent:
         with _live_lock:
             _live[popen.pid] = process
@@ -152,10 +158,12 @@ def _install_exit_handlers() -> None:
             signal.signal(sig, _on_signal)
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25) -> None:
-    """Poll ``check`` until it is true; TimeoutError naming ``what`` otherwise."""
+def wait_until(check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.25) -> T:
+    """Poll ``check`` until it returns something truthy, and return that; TimeoutError naming
+    ``what`` otherwise."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while not (value := check()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(interval_s)
+    return value

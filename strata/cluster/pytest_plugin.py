@@ -1,6 +1,7 @@
 """pytest fixtures for the test control plane; registered from tests/conftest.py.
 
-``cluster`` is session-scoped: the suite pays the start-up (about half a minute) once. When the
+``cluster`` is session-scoped: the suite pays the start-up (about half a minute) once; it has
+four KWOK GPU nodes and one local node (``local-node-0``) whose pods run for real. When the
 binaries are missing it fails rather than skips, so a CI run cannot pass without really running
 the cluster tests. Set ``STRATA_CLUSTER_DIR`` to the directory of a running ``strata cluster up``
 to reuse that cluster instead of starting one (fast local iteration).
@@ -17,10 +18,13 @@ from pathlib import Path
 import pytest
 
 from strata.cluster.binaries import MissingBinariesError, find_bin_dir
-from strata.cluster.cluster import Cluster
+from strata.cluster.cluster import Cluster, ClusterConfig
 from strata.cluster.startup import launch
 
 NAMESPACE_DELETE_TIMEOUT = "60s"
+# Four KWOK GPU nodes and one tainted local node, whose pods (those tolerating
+# strata.cluster.nodes.LOCAL_TAINT) the local pod runtime runs as real processes.
+SESSION_CONFIG = ClusterConfig(gpu_nodes=4, local_nodes=1)
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     except MissingBinariesError as error:
         pytest.fail(str(error), pytrace=False)
     # Under pytest's basetemp, so the logs of the last few runs stay around for debugging.
-    handle = launch(tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir)
+    handle = launch(tmp_path_factory.mktemp("cluster"), SESSION_CONFIG, bin_dir=bin_dir)
     try:
         yield handle
     finally:

@@ -7,8 +7,10 @@ sequence and its failure handling (stop whatever started, surface the failing co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
+import os
 import shutil
 import socket
 import ssl
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from strata.cluster import certs, components, health, kubeconfig, processes, storage
-from strata.cluster.binaries import find_bin_dir
+from strata.cluster.binaries import REPO_ROOT, find_bin_dir
 from strata.cluster.cluster import Cluster, ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,10 @@ def _write_identities(layout: components.Layout, api_url: str) -> None:
         "admin": (ADMIN_USER, ("system:masters",)),
         "system:kube-controller-manager": ("system:kube-controller-manager", ()),
         "system:kube-scheduler": ("system:kube-scheduler", ()),
-        # KWOK plays every kubelet; node authorization would need one identity per node.
+        # KWOK and the pod runtime play every kubelet; node authorization would need one identity
+        # per node.
         "kwok": ("kwok", ("system:masters",)),
+        "pod-runtime": ("strata-pod-runtime", ("system:masters",)),
     }
     for identity, (user, groups) in identities.items():
         pair = certs.issue_client_cert(ca, clients, user, groups)
@@ -83,8 +87,8 @@ def _start_components(
     deadline: float,
     started: list[processes.ManagedProcess],
 ) -> None:
-    def start(name: str, argv: list[str]) -> processes.ManagedProcess:
-        process = processes.start_process(name, argv, layout.logs / f"{name}.log")
+    def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.ManagedProcess:
+        process = processes.start_process(name, argv, layout.logs / f"{name}.log", env)
         started.append(process)
         return process
 
@@ -99,10 +103,17 @@ def _start_components(
     )
     scheduler = start("kube-scheduler", components.scheduler_argv(bin_dir, layout, ports))
     kwok = start("kwok", components.kwok_argv(bin_dir, layout, config.networks, KWOK_STAGES))
+    # The runtime, and the pods it runs, import this checkout of strata whatever is installed.
+    start("pod-runtime", components.pod_runtime_argv(layout), pod_runtime_env())
     _wait_healthy(kcm, f"https://127.0.0.1:{ports.controller_manager}/healthz", tls, deadline)
     _wait_healthy(scheduler, f"https://127.0.0.1:{ports.scheduler}/healthz", tls, deadline)
     if not kwok.running():
         raise ClusterStartError(f"kwok exited; log {kwok.log_path}:\n{kwok.log_tail()}")
+
+
+def pod_runtime_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)}
 
 
 def _wait_default_service_account(cluster: Cluster, deadline: float) -> None:
@@ -153,8 +164,11 @@ def _launch_once(bin_dir: Path, layout: components.Layout, config: ClusterConfig
     started: list[processes.ManagedProcess] = []
     try:
         _start_components(bin_dir, layout, config, ports, deadline, started)
-        cluster = Cluster(layout.root, bin_dir, api_url, owned=started)
+        cluster = Cluster(layout.root, bin_dir, api_url, owned=started, networks=config.networks)
         cluster.add_gpu_nodes(config.gpu_nodes, config.node_shape, config.node_prefix)
+        cluster.add_local_nodes(
+            config.local_nodes, config.local_node_shape, config.local_node_cpu, config.local_node_prefix
+        )
         cluster.add_storage_class(storage.DEFAULT_STORAGE_CLASS, default=True)
         _wait_default_service_account(cluster, deadline)
     except BaseException:
@@ -171,6 +185,7 @@ def _write_state(layout: components.Layout, cluster: Cluster) -> None:
         "kubeconfig": str(cluster.kubeconfig),
         "startup_s": cluster.startup_s,
         "pids": {process.name: process.pid for process in cluster.owned_processes},
+        "networks": dataclasses.asdict(cluster.networks),
     }
     layout.state.write_text(json.dumps(state, indent=2) + "\n")
 

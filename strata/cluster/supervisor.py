@@ -30,6 +30,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m strata.cluster.supervisor")
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--gpu-nodes", type=int, default=ClusterConfig.gpu_nodes)
+    parser.add_argument("--local-nodes", type=int, default=ClusterConfig.local_nodes)
+    parser.add_argument("--local-node-cpu", default=None)
     return parser.parse_args(argv)
 
 
@@ -55,7 +57,10 @@ def main(argv: list[str]) -> int:
     # Installed before launch, so processes.py leaves these signals to us.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, request_stop)
-    cluster = launch(args.dir, ClusterConfig(gpu_nodes=args.gpu_nodes))
+    config = ClusterConfig(
+        gpu_nodes=args.gpu_nodes, local_nodes=args.local_nodes, local_node_cpu=args.local_node_cpu
+    )
+    cluster = launch(args.dir, config)
     try:
         layout = Layout(cluster.directory)
         state = json.loads(layout.state.read_text())

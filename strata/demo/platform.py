@@ -19,7 +19,7 @@ AUTOSCALE_INTERVAL_S = 3
 
 
 def start_cluster(directory: Path) -> Cluster:
-    if cluster_cli.cmd_up(directory, gpu_nodes=4) != 0:
+    if cluster_cli.cmd_up(directory, cluster_cli.NodeCounts(gpu=4)) != 0:
         raise RuntimeError(f"the control plane did not start; logs in {directory / 'logs'}")
     return Cluster.attach(directory)
 

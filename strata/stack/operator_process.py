@@ -22,8 +22,8 @@ from strata.stack.chart import install_chart
 from strata.stack.wait import free_port, wait_for
 
 NVME_HOST_PATH = "/var/lib/strata/nvme"
-# KWOK's pod IPs are fake addresses in 10.244.0.0/16: never let the autoscaler send traffic there.
-# Loopback port 9 refuses at once; callers that scrape a real worker override it.
+# Nothing serves KWOK's pods: scrape one loopback port that refuses at once rather than wait on pod
+# IPs; callers that scrape a real worker override it.
 NO_SCRAPE_ADDRESS = "127.0.0.1:9"
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0

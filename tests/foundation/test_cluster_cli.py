@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from strata.cluster import cli
 from strata.cluster.cli import pid_alive
+from tests.foundation.waiting import WAIT_S, eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -22,7 +22,7 @@ def strata_cluster(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "strata", "cluster", *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=2 * WAIT_S,  # `up` waits up to 300 s for the supervisor itself
         check=False,
     )
 
@@ -52,7 +52,7 @@ def test_up_status_env_down_leaves_no_process_behind(tmp_path: Path) -> None:
             text=True,
             check=True,
         )
-        assert nodes.stdout.split() == ["node/gpu-node-0"]
+        assert nodes.stdout.split() == ["node/gpu-node-0", "node/local-node-0"]
         status = strata_cluster("status", f"--dir={directory}")
         assert status.returncode == 0, status.stdout + status.stderr
         assert f"apiserver {state['api_url']}: ready" in status.stdout
@@ -63,10 +63,7 @@ def test_up_status_env_down_leaves_no_process_behind(tmp_path: Path) -> None:
     finally:
         down = strata_cluster("down", f"--dir={directory}")
     assert down.returncode == 0, down.stderr
-    deadline = time.monotonic() + 10
-    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in pids if pid_alive(pid)]
+    eventually(lambda: not any(pid_alive(pid) for pid in pids), "every process of the cluster to end")
     assert not (directory / "state.json").exists()
     lock_fd = cli._take_lock(directory)  # the supervisor is gone, and so is its lock
     assert lock_fd is not None

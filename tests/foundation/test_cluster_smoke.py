@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from strata.cluster import Cluster, GpuNodeShape
-from strata.cluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from strata.cluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, LOCAL_TAINT, POD_RUNTIME_LABEL
+from tests.foundation.waiting import WAIT_S, eventually
 
 pytestmark = pytest.mark.cluster
 
 IMAGE = "registry.invalid/strata/noop:1"  # KWOK never pulls images
-
-
-def eventually(check: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def deployment(name: str, replicas: int, gpus: int) -> dict[str, Any]:
@@ -60,7 +47,13 @@ def is_ready(pod: dict[str, Any]) -> bool:
 def test_gpu_deployment_runs_on_fake_gpu_nodes(cluster: Cluster, namespace: str) -> None:
     cluster.apply(deployment("gpu-app", replicas=3, gpus=1), namespace)
     cluster.kubectl(
-        "rollout", "status", "deployment/gpu-app", "-n", namespace, "--timeout=90s", timeout_s=120
+        "rollout",
+        "status",
+        "deployment/gpu-app",
+        "-n",
+        namespace,
+        f"--timeout={WAIT_S:.0f}s",
+        timeout_s=WAIT_S + 30,
     )
 
     running = pods(cluster, namespace, "app=gpu-app")
@@ -101,7 +94,7 @@ def test_pod_wanting_more_gpus_than_any_node_stays_pending(cluster: Cluster, nam
         )["items"]
         return list(events)
 
-    events = eventually(failed_scheduling, what="a FailedScheduling event")
+    events = eventually(failed_scheduling, "a FailedScheduling event")
     assert f"Insufficient {GPU_RESOURCE}" in events[0]["message"]
     status = cluster.kubectl_json("get", "pod", "too-big", "-n", namespace)["status"]
     assert status["phase"] == "Pending"
@@ -113,7 +106,15 @@ def test_deleting_a_deployment_garbage_collects_replicasets_and_pods(
     cluster: Cluster, namespace: str
 ) -> None:
     cluster.apply(deployment("doomed", replicas=2, gpus=1), namespace)
-    cluster.kubectl("rollout", "status", "deployment/doomed", "-n", namespace, "--timeout=90s", timeout_s=120)
+    cluster.kubectl(
+        "rollout",
+        "status",
+        "deployment/doomed",
+        "-n",
+        namespace,
+        f"--timeout={WAIT_S:.0f}s",
+        timeout_s=WAIT_S + 30,
+    )
     assert cluster.kubectl_json("get", "replicasets", "-n", namespace, "-l", "app=doomed")["items"]
     assert len(pods(cluster, namespace, "app=doomed")) == 2
 
@@ -127,7 +128,7 @@ def test_deleting_a_deployment_garbage_collects_replicasets_and_pods(
         ).stdout.split()
         return not leftover
 
-    eventually(all_gone, what="the ReplicaSet and pods to be garbage-collected")
+    eventually(all_gone, "the ReplicaSet and pods to be garbage-collected")
 
 
 def test_rbac_denies_a_user_without_permission_and_allows_one_with_a_rolebinding(
@@ -209,7 +210,7 @@ spec:
                 cluster.kubectl("delete", "configmap", "probe", "-n", namespace)
             return "configmaps need an owner label" in result.stderr
 
-        eventually(denied, what="the ValidatingAdmissionPolicy to deny")
+        eventually(denied, "the ValidatingAdmissionPolicy to deny")
         labelled = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -253,7 +254,13 @@ def test_claims_are_provisioned_and_bound_and_their_volumes_deleted(cluster: Clu
         ]
         cluster.apply(workload, namespace)
         cluster.kubectl(
-            "rollout", "status", "statefulset/cache", "-n", namespace, "--timeout=90s", timeout_s=120
+            "rollout",
+            "status",
+            "statefulset/cache",
+            "-n",
+            namespace,
+            f"--timeout={WAIT_S:.0f}s",
+            timeout_s=WAIT_S + 30,
         )
 
         claims = {
@@ -266,14 +273,14 @@ def test_claims_are_provisioned_and_bound_and_their_volumes_deleted(cluster: Clu
         assert claims["shared"]["spec"]["storageClassName"] == "standard"
         volumes = [claims[name]["spec"]["volumeName"] for name in ("shared", "nvme-cache-0")]
 
-        cluster.kubectl("delete", "statefulset", "cache", "-n", namespace, "--wait=true", timeout_s=120)
+        cluster.kubectl("delete", "statefulset", "cache", "-n", namespace, "--wait=true", timeout_s=WAIT_S)
         cluster.kubectl("delete", "pvc", "--all", "-n", namespace, "--wait=false")
 
         def volumes_deleted() -> bool:
             names = cluster.kubectl("get", "pv", "-o", "name").stdout.split()
             return not {f"persistentvolume/{v}" for v in volumes} & set(names)
 
-        eventually(volumes_deleted, what="the provisioned volumes to be deleted")
+        eventually(volumes_deleted, "the provisioned volumes to be deleted")
     finally:
         cluster.kubectl("delete", "storageclass", local_nvme, "--ignore-not-found", check=False)
 
@@ -286,9 +293,11 @@ def test_fake_nodes_heartbeat_through_leases_and_stay_untainted(cluster: Cluster
         item["metadata"]["name"]
         for item in cluster.kubectl_json("get", "leases", "-n", "kube-node-lease")["items"]
     }
+    assert any(n["metadata"]["labels"].get(POD_RUNTIME_LABEL) for n in nodes), "the local node's runtime too"
     for node in nodes:
         assert node["metadata"]["name"] in leases
-        assert not node["spec"].get("taints")
+        own = [LOCAL_TAINT] if node["metadata"]["labels"].get(POD_RUNTIME_LABEL) else []
+        assert node["spec"].get("taints", []) == own
 
 
 def test_add_gpu_nodes_creates_ready_nodes_with_the_requested_shape(cluster: Cluster) -> None:

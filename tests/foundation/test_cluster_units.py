@@ -56,9 +56,12 @@ class TestBinaryLookup:
         assert binaries.missing_in(directory) == ["kwok"]
 
 
+CIDR = "127.64.1.0/24"
+
+
 class TestGpuNodes:
     def test_default_node_is_an_8_gpu_h100_server_with_local_nvme(self) -> None:
-        node = nodes.gpu_node_manifest("gpu-node-0", 0, nodes.GpuNodeShape())
+        node = nodes.gpu_node_manifest("gpu-node-0", 0, nodes.GpuNodeShape(), CIDR)
         labels = node["metadata"]["labels"]
         assert node["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}
         assert labels["kubernetes.io/hostname"] == "gpu-node-0"
@@ -69,18 +72,23 @@ class TestGpuNodes:
         assert node["status"]["allocatable"][nodes.GPU_RESOURCE] == "8"
 
     def test_allocatable_keeps_back_system_reserve(self) -> None:
-        status = nodes.gpu_node_manifest("n-0", 0, nodes.GpuNodeShape(cpu=64, memory_gib=512))["status"]
+        status = nodes.gpu_node_manifest("n-0", 0, nodes.GpuNodeShape(cpu=64, memory_gib=512), CIDR)["status"]
         assert (status["capacity"]["cpu"], status["allocatable"]["cpu"]) == ("64", "62")
         assert (status["capacity"]["memory"], status["allocatable"]["memory"]) == ("512Gi", "496Gi")
 
-    def test_zones_round_robin_and_numbering_continues_from_start(self) -> None:
+    def test_zones_round_robin_by_node_number(self) -> None:
         shape = nodes.GpuNodeShape(zones=("a", "b", "c"))
-        items = nodes.gpu_nodes_manifest("gpu", 4, 3, shape)["items"]
-        assert [i["metadata"]["name"] for i in items] == ["gpu-4", "gpu-5", "gpu-6"]
+        items = [nodes.gpu_node_manifest(f"gpu-{i}", i, shape, CIDR) for i in (4, 5, 6)]
         assert [i["metadata"]["labels"][nodes.ZONE_LABEL] for i in items] == ["b", "c", "a"]
 
+    def test_pods_of_a_node_get_addresses_from_its_own_loopback_range(self) -> None:
+        node = nodes.gpu_node_manifest("gpu-0", 0, nodes.GpuNodeShape(), "127.64.7.0/24")
+        assert node["spec"] == {"podCIDR": "127.64.7.0/24", "podCIDRs": ["127.64.7.0/24"]}
+
     def test_node_without_nvme_says_so(self) -> None:
-        labels = nodes.gpu_node_manifest("n-0", 0, nodes.GpuNodeShape(local_nvme_gib=0))["metadata"]["labels"]
+        labels = nodes.gpu_node_manifest("n-0", 0, nodes.GpuNodeShape(local_nvme_gib=0), CIDR)["metadata"][
+            "labels"
+        ]
         assert labels[nodes.LOCAL_NVME_LABEL] == "false"
 
     @pytest.mark.parametrize(("field", "value"), [("gpus", -1), ("cpu", -2), ("local_nvme_gib", -5)])
@@ -88,9 +96,17 @@ class TestGpuNodes:
         with pytest.raises(ValueError, match=f"GpuNodeShape.{field}"):
             nodes.GpuNodeShape(**{field: value})  # type: ignore[arg-type]
 
-    def test_negative_count_is_rejected(self) -> None:
-        with pytest.raises(ValueError, match="count"):
-            nodes.gpu_nodes_manifest("gpu", 0, -1, nodes.GpuNodeShape())
+    def test_local_node_is_run_by_the_pod_runtime_not_kwok_and_is_tainted(self) -> None:
+        node = nodes.local_node_manifest("local-0", 0, nodes.GpuNodeShape(), CIDR, cpu="1500m", memory="8Gi")
+        assert "annotations" not in node["metadata"]
+        assert node["metadata"]["labels"][nodes.POD_RUNTIME_LABEL] == nodes.POD_RUNTIME_LOCAL
+        assert node["spec"]["taints"] == [nodes.LOCAL_TAINT]
+        assert node["status"]["capacity"]["cpu"] == node["status"]["allocatable"]["cpu"] == "1500m"
+        assert node["status"]["allocatable"]["memory"] == "8Gi"
+
+    def test_the_machine_offers_at_least_one_cpu_and_some_memory(self) -> None:
+        assert nodes.machine_cpus() >= 1
+        assert nodes.machine_memory().endswith("Mi") and int(nodes.machine_memory()[:-2]) > 0
 
 
 class TestClusterConfig:
@@ -110,8 +126,20 @@ class TestComponentFlags:
         self.networks = components.Networks()
 
     def test_kubernetes_service_ip_is_first_host_of_service_range(self) -> None:
-        assert components.Networks(service_cidr="10.96.0.0/16").apiserver_service_ip == "10.96.0.1"
-        assert components.Networks(service_cidr="172.20.8.0/22").apiserver_service_ip == "172.20.8.1"
+        assert components.Networks().apiserver_service_ip == "127.96.0.1"
+        assert components.Networks(service_cidr="127.20.8.0/22").apiserver_service_ip == "127.20.8.1"
+
+    @pytest.mark.parametrize("field", ["service_cidr", "pod_cidr"])
+    def test_ranges_outside_loopback_are_refused(self, field: str) -> None:
+        with pytest.raises(ValueError, match=f"Networks.{field}: .* is outside 127.0.0.0/8"):
+            components.Networks(**{field: "192.0.2.0/24"})  # type: ignore[arg-type]
+
+    def test_node_ranges_are_handed_out_lowest_first_keeping_the_first_for_kwok(self) -> None:
+        networks = components.Networks(pod_cidr="127.64.0.0/22")
+        assert networks.unassigned_node_cidr == "127.64.0.0/24"
+        assert networks.allocate_node_cidrs({"127.64.1.0/24"}, 2) == ["127.64.2.0/24", "127.64.3.0/24"]
+        with pytest.raises(ValueError, match="holds no 4 more /24 node ranges"):
+            networks.allocate_node_cidrs(set(), 4)
 
     def test_apiserver_has_rbac_real_certs_and_service_account_keys(self) -> None:
         argv = components.apiserver_argv(Path("/b"), self.layout, self.ports, self.networks)
@@ -124,7 +152,8 @@ class TestComponentFlags:
 
     def test_controller_manager_runs_all_default_controllers_without_leader_election(self) -> None:
         argv = components.controller_manager_argv(Path("/b"), self.layout, self.ports, self.networks)
-        assert "--controllers=*" in argv
+        off = ("endpoints-controller", "endpointslice-controller", "endpointslice-mirroring-controller")
+        assert f"--controllers=*,{','.join('-' + c for c in off)}" in argv
         assert "--leader-elect=false" in argv
         assert "--root-ca-file=/c/pki/ca.crt" in argv
         assert "--service-account-private-key-file=/c/pki/sa.key" in argv
@@ -141,7 +170,7 @@ class TestComponentFlags:
         argv = components.kwok_argv(Path("/b"), self.layout, self.networks, Path("/s.yaml"))
         assert "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" in argv
         assert "--config=/s.yaml" in argv
-        assert "--cidr=10.244.0.0/16" in argv
+        assert "--cidr=127.64.0.0/24" in argv
 
     def test_shipped_kwok_stages_cover_node_and_pod_lifecycle(self) -> None:
         from strata.cluster.startup import KWOK_STAGES
@@ -187,11 +216,11 @@ class TestCertificates:
         assert oct(pair.key.stat().st_mode & 0o777) == "0o600"
 
     def test_serving_certificate_names_loopback_and_in_cluster_service(self, tmp_path: Path) -> None:
-        pki = certs.create_pki(tmp_path, service_ip="10.96.0.1")
+        pki = certs.create_pki(tmp_path, service_ip="127.96.0.1")
         cert = x509.load_pem_x509_certificate(pki.apiserver.cert.read_bytes())
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
-        assert ipaddress.ip_address("10.96.0.1") in sans.get_values_for_type(x509.IPAddress)
+        assert ipaddress.ip_address("127.96.0.1") in sans.get_values_for_type(x509.IPAddress)
         assert "kubernetes.default.svc" in sans.get_values_for_type(x509.DNSName)
 
     def test_service_account_keys_are_a_matching_pair(self, tmp_path: Path) -> None:

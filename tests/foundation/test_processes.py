@@ -16,9 +16,10 @@ import pytest
 from strata.cluster import processes
 from strata.cluster.cli import pid_alive
 from strata.cluster.supervisor import report_exited
+from tests.foundation.waiting import WAIT_S
 
 
-def wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
+def wait_dead(pid: int, timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while pid_alive(pid):
         if time.monotonic() > deadline:
@@ -27,7 +28,7 @@ def wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
     return True
 
 
-def wait_file(path: Path, timeout_s: float = 10.0) -> str:
+def wait_file(path: Path, timeout_s: float = WAIT_S) -> str:
     deadline = time.monotonic() + timeout_s
     while not path.exists() or not path.read_text().strip():
         if time.monotonic() > deadline:
@@ -52,7 +53,7 @@ def test_output_goes_to_the_log_file(tmp_path: Path) -> None:
     process = processes.start_process(
         "echo", ["sh", "-c", "echo hello; echo oops >&2"], tmp_path / "echo.log"
     )
-    process.popen.wait(timeout=10)
+    process.popen.wait(timeout=WAIT_S)
     assert process.log_tail().splitlines() == ["hello", "oops"]
     process.stop()
 
@@ -86,7 +87,7 @@ def run_parent(tmp_path: Path, how: str) -> tuple[subprocess.Popen[bytes], int]:
 
 def test_children_are_stopped_gracefully_when_the_parent_exits(tmp_path: Path) -> None:
     parent, child = run_parent(tmp_path, "exit")
-    assert parent.wait(timeout=30) == 0
+    assert parent.wait(timeout=WAIT_S) == 0
     assert wait_dead(child)
     assert (tmp_path / "terminated").read_text().strip() == "term"
 
@@ -95,7 +96,7 @@ def test_children_are_stopped_gracefully_when_the_parent_gets_sigterm(tmp_path: 
     parent, child = run_parent(tmp_path, "wait")
     time.sleep(0.5)  # let the child install its trap
     parent.send_signal(signal.SIGTERM)
-    assert parent.wait(timeout=30) == -signal.SIGTERM
+    assert parent.wait(timeout=WAIT_S) == -signal.SIGTERM
     assert wait_dead(child)
     assert (tmp_path / "terminated").read_text().strip() == "term"
 
@@ -104,7 +105,7 @@ def test_children_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
     parent, child = run_parent(tmp_path, "wait")
     assert pid_alive(child)
     os.kill(parent.pid, signal.SIGKILL)
-    parent.wait(timeout=30)
+    parent.wait(timeout=WAIT_S)
     # No Python code runs after SIGKILL: only PR_SET_PDEATHSIG can have killed the child.
     assert wait_dead(child)
     assert not (tmp_path / "terminated").exists()
@@ -123,7 +124,7 @@ def test_supervisor_reports_each_exited_component_once(
 ) -> None:
     done = processes.start_process("quitter", ["true"], tmp_path / "quitter.log")
     alive = processes.start_process("stayer", ["sleep", "300"], tmp_path / "stayer.log")
-    done.popen.wait(timeout=10)
+    done.popen.wait(timeout=WAIT_S)
     try:
         with caplog.at_level("ERROR", logger="strata.cluster.supervisor"):
             reported = report_exited([done, alive], set())

@@ -67,8 +67,8 @@ class FakeKube(KubeClient):
         content_type: str = "application/json",
     ) -> Obj:
         if path.endswith("/pods"):  # only a scale-down lists them, to rank them by cache
-            ready = {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
-            unready = {"podIP": "10.0.0.2", "conditions": [{"type": "Ready", "status": "False"}]}
+            ready = {"podIP": "127.64.1.2", "conditions": [{"type": "Ready", "status": "True"}]}
+            unready = {"podIP": "127.64.1.3", "conditions": [{"type": "Ready", "status": "False"}]}
             return {
                 "items": [
                     {"metadata": {"name": "a", "uid": "pa"}, "status": ready},

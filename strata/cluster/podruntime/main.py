@@ -1,0 +1,120 @@
+"""``python -m strata.cluster.podruntime``: the local pod runtime, a component of the test cluster.
+
+It plays the kubelet for every node labelled ``strata.dev/pod-runtime=local`` (KWOK leaves those
+alone): the nodes' status and Leases, and a worker per pod bound to them that runs the pod's
+containers as processes here. It runs in a private mount namespace of its own, so the
+memory-backed volumes it mounts disappear with it. SIGTERM stops every container (within
+``SHUTDOWN_GRACE_S``) and leaves the pod objects for the next runtime to take over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from strata.cluster.nodes import POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
+from strata.cluster.podruntime import launch
+from strata.cluster.podruntime.host import SHUTDOWN_GRACE_S, Host, image_env
+from strata.cluster.podruntime.kubeapi import KubeApi
+from strata.cluster.podruntime.nodeagent import NodeAgent
+
+log = logging.getLogger("strata.cluster.podruntime")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def private_mount_namespace() -> str | None:
+    """Move this process into a mount namespace of its own; the reason when it cannot (then its
+    nodes report NotReady saying so, rather than running pods half-way)."""
+    try:
+        launch._check(launch.libc.unshare(launch.CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        launch.mount(None, "/", None, launch.MS_REC | launch.MS_PRIVATE)
+    except OSError as error:
+        return f"the local pod runtime needs mount namespaces (run as root): {error}"
+    return None
+
+
+class Runtime:
+    def __init__(self, host: Host, problem: str | None) -> None:
+        self.host = host
+        self.problem = problem
+        self.agents: dict[str, NodeAgent] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        watching = asyncio.create_task(self._watch_nodes())
+        await stop.wait()
+        watching.cancel()
+        log.info("stopping: %d nodes", len(self.agents))
+        await asyncio.gather(*(agent.shutdown(SHUTDOWN_GRACE_S) for agent in self.agents.values()))
+        for task in self.tasks.values():
+            task.cancel()
+        await self.host.session.close()
+        await self.host.api.close()
+
+    async def _watch_nodes(self) -> None:
+        params = {"labelSelector": f"{POD_RUNTIME_LABEL}={POD_RUNTIME_LOCAL}"}
+        async for event in self.host.api.watch("/api/v1/nodes", params):
+            name = event.object["metadata"]["name"]
+            if event.type == "DELETED":
+                await self._drop(name)
+            elif name not in self.agents:
+                self._adopt(event.object)
+
+    def _adopt(self, obj: dict[str, Any]) -> None:
+        agent = NodeAgent(self.host, obj, self.problem)
+        name = agent.node.name
+        log.info("running node %s (pod range %s)", name, agent.node.pod_cidr)
+        self.agents[name] = agent
+        self.tasks[name] = asyncio.create_task(agent.run())
+
+    async def _drop(self, name: str) -> None:
+        agent = self.agents.pop(name, None)
+        if agent is not None:
+            await agent.shutdown(SHUTDOWN_GRACE_S)
+            self.tasks.pop(name).cancel()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m strata.cluster.podruntime", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--kubeconfig", type=Path, required=True, help="the runtime's own identity")
+    parser.add_argument("--root", type=Path, required=True, help="state: pod volumes and launch specs")
+    parser.add_argument("--logs", type=Path, required=True, help="container logs (<pod>/<container>/<n>.log)")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace, problem: str | None) -> None:
+    api = KubeApi.from_kubeconfig(args.kubeconfig)
+    port = urllib.parse.urlsplit(api.server).port or 443
+    host = Host(api, args.root.resolve(), args.logs.resolve(), image_env(REPO_ROOT, port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+    await Runtime(host, problem).run(stop)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    problem = private_mount_namespace()  # first: unshare(CLONE_NEWNS) refuses multi-threaded callers
+    if problem:
+        log.error("%s", problem)
+    args = parse_args(argv)
+    for path in (args.root, args.logs):
+        path.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args, problem))
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
