@@ -42,10 +42,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--autoscale-interval", help="seconds between autoscaler scrapes (env STRATA_AUTOSCALE_INTERVAL_S)"
     )
-    p.add_argument(
-        "--scrape-address",
-        help="testing/debugging: scrape every pod's metrics from this host:port (env STRATA_SCRAPE_ADDRESS)",
-    )
     p.add_argument("--log-format", choices=["json", "plain"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -62,7 +58,6 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
             "tolerations": args.tolerations,
             "image_pull_secrets": args.image_pull_secrets,
             "autoscale_interval_s": args.autoscale_interval,
-            "scrape_address": args.scrape_address,
         }
     )
     default = OperatorSettings()

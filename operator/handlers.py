@@ -104,7 +104,6 @@ def start_autoscaler(memo: kopf.Memo) -> None:
         services=lambda: _managed(runtime),
         views=runtime.views,
         peering=slot.peering,
-        scrape_address=slot.config.scrape_address,
         telemetry=runtime.telemetry,
     )
     slot.task = asyncio.create_task(

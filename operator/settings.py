@@ -42,9 +42,6 @@ class OperatorSettings:
     uid: int = 10001
     # How often the autoscaler scrapes the workers, writes status.signals and decides.
     autoscale_interval_s: int = 15
-    # Testing and debugging only: when set (host:port), every pod's /metrics is fetched from
-    # there instead of from the pod IP (KWOK pods have no reachable IP).
-    scrape_address: str = ""
     # The API client: the shortest timeout of a request (it grows with the server's latency)
     # and how many requests may be in flight at once.
     api_timeout_s: int = 10
@@ -61,7 +58,6 @@ _ENV = {
     "peering_lifetime_s": "STRATA_PEERING_LIFETIME_S",
     "metrics_port": "STRATA_METRICS_PORT",
     "autoscale_interval_s": "STRATA_AUTOSCALE_INTERVAL_S",
-    "scrape_address": "STRATA_SCRAPE_ADDRESS",
     "api_timeout_s": "STRATA_API_TIMEOUT_S",
     "api_max_in_flight": "STRATA_API_MAX_IN_FLIGHT",
 }
@@ -104,8 +100,6 @@ def _convert(key: str, raw: str) -> Any:
         "api_max_in_flight",
     ):
         return _positive_number(key, raw)
-    if key == "scrape_address":
-        return _host_port(raw)
     if key == "nvme_host_path" and not raw.startswith("/"):
         raise SettingsError(f"{_ENV[key]}: {raw!r} must be an absolute path")
     return raw
@@ -119,13 +113,6 @@ def _positive_number(key: str, raw: str) -> int:
     if value <= 0:
         raise SettingsError(f"{_ENV[key]}: must be positive, got {raw!r}")
     return value
-
-
-def _host_port(raw: str) -> str:
-    host, sep, port = raw.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SettingsError(f"{_ENV['scrape_address']}: {raw!r} is not host:port")
-    return raw
 
 
 def _tolerations(raw: str) -> tuple[Mapping[str, Any], ...]:

@@ -14,6 +14,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the configured model over the OpenAI API")
     serve.add_argument("--config", default="/etc/strata/worker.yaml", help="worker config file (YAML)")
+    serve.add_argument(
+        "--host", default=None, help="address to listen on, overriding server.host (a pod passes its pod IP)"
+    )
     serve.add_argument("--log-level", default="INFO")
     make = sub.add_parser("make-model", help="write a seeded, deterministic test model directory")
     make.add_argument("--preset", choices=["tiny", "small"], default="tiny")
@@ -61,7 +64,7 @@ def main(argv: list[str]) -> int:
         )
         print(json.dumps(result, indent=2))
         return 0 if result["paged_matches_reference"] else 1
-    return _serve(args.config, args.log_level)
+    return _serve(args.config, args.log_level, args.host)
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -79,7 +82,7 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(path: str, level: str) -> int:
+def _serve(path: str, level: str, host: str | None = None) -> int:
     from strata.worker import logs
     from strata.worker.config import WorkerConfig
     from strata.worker.models.errors import ModelLoadError
@@ -90,6 +93,8 @@ def _serve(path: str, level: str) -> int:
     except (OSError, ValidationError, ValueError) as exc:
         print(f"strata worker: bad config {path}: {exc}", file=sys.stderr)
         return 2
+    if host:
+        config = config.model_copy(update={"server": config.server.model_copy(update={"host": host})})
     from strata.worker.server.main import serve
 
     try:

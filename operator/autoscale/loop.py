@@ -65,7 +65,6 @@ class Autoscaler:
     events: EventSink
     services: Callable[[], Iterable[ServiceKey]]  # the services this replica manages
     peering: Peering
-    scrape_address: str = ""  # testing override: every pod's metrics come from this host:port
     views: IndexViews = field(default_factory=IndexViews)
     clock: Callable[[], float] = time.monotonic
     scrapes: dict[str, Scrape] = field(default_factory=dict)
@@ -79,7 +78,7 @@ class Autoscaler:
     scale_in: ScaleIn = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scale_in = ScaleIn(self.kube, self._get_sidecar_text)
+        self.scale_in = ScaleIn(self.kube, self._get_text)
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -164,11 +163,7 @@ class Autoscaler:
         return {uid: sample for uid, sample in results if sample is not None}
 
     async def _scrape(self, pod: PodRef) -> tuple[str, PodSample | None]:
-        url = (
-            f"http://{self.scrape_address}/metrics"
-            if self.scrape_address
-            else metrics_url(pod.ip, SERVER_PORT)
-        )
+        url = metrics_url(pod.ip, SERVER_PORT)
         text = await self._get_text(url)
         try:
             return pod.uid, parse_exposition(text) if text is not None else None
@@ -187,10 +182,6 @@ class Autoscaler:
             except (aiohttp.ClientError, TimeoutError, MetricsError) as exc:
                 log.debug("autoscaler: GET %s failed: %s", url, exc)
                 return None
-
-    async def _get_sidecar_text(self, url: str) -> str | None:
-        # With the testing scrape_address the pod IPs are fake (KWOK): nothing may dial them.
-        return None if self.scrape_address else await self._get_text(url)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:

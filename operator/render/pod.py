@@ -18,6 +18,10 @@ LOCAL_NVME_LABEL = "strata.dev/local-nvme"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
 SIDECAR_CPU = "500m"
+# The engine and the sidecar listen on the pod IP (expanded by the kubelet from the POD_IP env var),
+# where probes, scrapes and routers reach them, rather than on every address of the node: where
+# pods share a network namespace (the test control plane's local nodes) two pods' ports collide.
+LISTEN_ON_POD_IP = ["--host=$(POD_IP)"]
 # Loading weights can take minutes; the startup probe holds liveness off for up to 15 minutes.
 STARTUP_PROBE_BUDGET_S = 900
 # The KV-tier sidecar stops after the engine has exited: close its stores, flush the NVMe index.
@@ -84,6 +88,7 @@ def engine_container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "image": image(plan, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["strata", "worker", "serve", "--config", names.CONFIG_PATH],
+        "args": LISTEN_ON_POD_IP,
         "ports": [{"name": "http", "containerPort": plan.http_port, "protocol": "TCP"}],
         **tenant_env(plan),
         "resources": engine_resources(plan),
@@ -137,6 +142,7 @@ def kvtier_sidecar(plan: ServicePlan, settings: OperatorSettings) -> Manifest | 
         "imagePullPolicy": settings.image_pull_policy,
         "restartPolicy": "Always",
         "command": ["strata", "kvtier", "serve", "--config", names.CONFIG_PATH],
+        "args": LISTEN_ON_POD_IP,
         "ports": [{"name": "kv-metrics", "containerPort": plan.kv_metrics_port, "protocol": "TCP"}],
         "env": pod_env(),
         # The DRAM tier's pages in /dev/shm are charged to the sidecar that writes them.
@@ -212,6 +218,7 @@ def pod_env() -> list[Manifest]:
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from typing import Any
 
 from strata.cluster import binaries, components, health
 from strata.cluster.cluster import check_cpu_quantity
+from strata.cluster.locks import try_lock
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".demo" / "cluster"
 UP_TIMEOUT_S = 300.0
@@ -122,13 +122,7 @@ def lock_path(directory: Path) -> Path:
 def _take_lock(directory: Path) -> int | None:
     """An fd holding the directory's lock, or None when a supervisor holds it (running or starting)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path(directory), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return try_lock(lock_path(directory))
 
 
 def _spawn_supervisor(

@@ -16,9 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata.cluster import certs, components, kubeconfig, nodes, podfiles, processes, storage
+from strata.cluster import certs, components, kubeconfig, nodes, podfiles, processes, ranges, storage
 
-KUBECTL_TIMEOUT_S = 120.0
+# Bounds of waits that normally take seconds: generous, because a loaded or slow machine (CI,
+# several engineers sharing two cores) takes many times longer; every wait returns on its event.
+KUBECTL_TIMEOUT_S = 300.0
+NODES_READY_S = 300.0
+# For the harness's own generated objects: client-side validation fetches the apiserver's whole
+# OpenAPI document first, which alone can take over kubectl's 32 s on a loaded machine.
+TRUSTED = ("--validate=false",)
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -37,11 +43,12 @@ class ClusterConfig:
     gpu_nodes: int = 4
     node_shape: nodes.GpuNodeShape = field(default_factory=nodes.GpuNodeShape)
     node_prefix: str = "gpu-node"
-    networks: components.Networks = field(default_factory=components.Networks)
-    start_timeout_s: float = 180.0
+    # None: a pod range of its own, a /16 no other cluster on this machine holds (ranges.py).
+    networks: components.Networks | None = None
+    start_timeout_s: float = 300.0
     local_nodes: int = 0
     local_node_cpu: str | None = None
-    local_node_shape: nodes.GpuNodeShape = field(default_factory=nodes.GpuNodeShape)
+    local_node_shape: nodes.GpuNodeShape = field(default_factory=nodes.local_node_shape)
     local_node_prefix: str = "local-node"
 
     def __post_init__(self) -> None:
@@ -91,6 +98,7 @@ class Cluster:
         self.startup_s = startup_s
         self.networks = networks or components.Networks()
         self._owned = list(owned)
+        self._range_lock: ranges.RangeLock | None = None
 
     @classmethod
     def attach(cls, directory: Path) -> Cluster:
@@ -180,7 +188,7 @@ class Cluster:
         shape: nodes.GpuNodeShape | None = None,
         prefix: str = "gpu-node",
         wait: bool = True,
-        timeout_s: float = 120.0,
+        timeout_s: float = NODES_READY_S,
     ) -> list[str]:
         """Create ``count`` more KWOK GPU nodes (numbered after the existing ones); their names."""
         shape = shape or nodes.GpuNodeShape()
@@ -197,11 +205,11 @@ class Cluster:
         cpu: str | None = None,
         prefix: str = "local-node",
         wait: bool = True,
-        timeout_s: float = 120.0,
+        timeout_s: float = NODES_READY_S,
     ) -> list[str]:
         """Create ``count`` more nodes whose pods the local pod runtime runs as real processes,
         each offering ``cpu`` (default: this machine's CPUs) and this machine's memory."""
-        shape = shape or nodes.GpuNodeShape()
+        shape = shape or nodes.local_node_shape()
         cpu = check_cpu_quantity(cpu, "cpu") if cpu is not None else str(nodes.machine_cpus())
         memory = nodes.machine_memory()
 
@@ -244,9 +252,10 @@ class Cluster:
         self, name: str, default: bool = False, binding_mode: storage.BindingMode = "Immediate"
     ) -> None:
         """A StorageClass whose claims KWOK provisions and binds (cluster-scoped: delete it after)."""
-        self.apply(storage.storage_class_manifest(name, default, binding_mode))
+        manifest = json.dumps(storage.storage_class_manifest(name, default, binding_mode))
+        self.kubectl("apply", *TRUSTED, "-f", "-", input=manifest)
 
-    def wait_nodes_ready(self, names: Sequence[str], timeout_s: float = 120.0) -> None:
+    def wait_nodes_ready(self, names: Sequence[str], timeout_s: float = NODES_READY_S) -> None:
         self.kubectl(
             "wait",
             "--for=condition=Ready",
@@ -254,6 +263,10 @@ class Cluster:
             *(f"node/{n}" for n in names),
             timeout_s=timeout_s + 30,
         )
+
+    def hold_range(self, lock: ranges.RangeLock | None) -> None:
+        """Keep this cluster's pod range reserved until ``stop``."""
+        self._range_lock = lock
 
     def container_log(self, namespace: str, pod: str, container: str, previous: bool = False) -> str:
         """What a container of the local pod runtime printed (its current run, or the previous one)."""
@@ -279,6 +292,8 @@ class Cluster:
         for process in reversed(self._owned):
             process.stop()
         self._owned.clear()
+        if self._range_lock is not None:  # only once nothing uses the range any more
+            self._range_lock.release()
 
     def _ca(self) -> certs.CertPair:
         return certs.CertPair(self.layout.pki / "ca.crt", self.layout.pki / "ca.key")

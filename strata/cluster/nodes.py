@@ -24,6 +24,9 @@ LOCAL_NVME_GIB_LABEL = "strata.dev/local-nvme-gib"
 # Nodes with this label are run by the local pod runtime (strata.cluster.podruntime), not KWOK.
 POD_RUNTIME_LABEL = "strata.dev/pod-runtime"
 POD_RUNTIME_LOCAL = "local"
+# What a local node says its GPUs are: the engine of a pod there runs on the CPU, and a service
+# (resources.gpuProduct) or a pod (nodeSelector) naming it lands on local nodes only.
+LOCAL_GPU_PRODUCT = "Strata-Local-CPU"
 # Local nodes are tainted, so only pods that ask to run for real (tolerate it) land there; the
 # rest of a test suite keeps KWOK's instant, pretend pods.
 LOCAL_TAINT = {"key": POD_RUNTIME_LABEL, "value": POD_RUNTIME_LOCAL, "effect": "NoSchedule"}
@@ -57,6 +60,11 @@ class GpuNodeShape:
                 raise ValueError(f"GpuNodeShape.{name}: must be >= 0, got {getattr(self, name)}")
         if not self.zones:
             raise ValueError("GpuNodeShape.zones: needs at least one zone")
+
+
+def local_node_shape() -> GpuNodeShape:
+    """The default shape of a local node: a GPU server whose "GPU" is this machine's CPU."""
+    return GpuNodeShape(gpu_product=LOCAL_GPU_PRODUCT)
 
 
 def node_name(prefix: str, index: int) -> str:

@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 
 from strata.cluster.binaries import MissingBinariesError, find_bin_dir
-from strata.cluster.cluster import Cluster, ClusterConfig
+from strata.cluster.cluster import NODES_READY_S, Cluster, ClusterConfig
 from strata.cluster.startup import launch
 
-NAMESPACE_DELETE_TIMEOUT = "60s"
 # Four KWOK GPU nodes and one tainted local node, whose pods (those tolerating
 # strata.cluster.nodes.LOCAL_TAINT) the local pod runtime runs as real processes.
 SESSION_CONFIG = ClusterConfig(gpu_nodes=4, local_nodes=1)
@@ -62,7 +61,7 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         "serviceaccount/default",
         "-n",
         name,
-        "--timeout=60s",
+        f"--timeout={NODES_READY_S:.0f}s",  # seconds normally; minutes on a loaded machine
     )
     try:
         yield name

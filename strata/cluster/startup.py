@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from strata.cluster import certs, components, health, kubeconfig, processes, storage
+from strata.cluster import certs, components, health, kubeconfig, processes, ranges, storage
 from strata.cluster.binaries import REPO_ROOT, find_bin_dir
 from strata.cluster.cluster import Cluster, ClusterConfig
 
@@ -82,7 +82,7 @@ def _wait_healthy(
 def _start_components(
     bin_dir: Path,
     layout: components.Layout,
-    config: ClusterConfig,
+    networks: components.Networks,
     ports: components.Ports,
     deadline: float,
     started: list[processes.ManagedProcess],
@@ -96,13 +96,13 @@ def _start_components(
     tls = health.tls_context(pki.cert)
     etcd = start("etcd", components.etcd_argv(bin_dir, layout, ports))
     _wait_healthy(etcd, f"http://127.0.0.1:{ports.etcd_client}/health", None, deadline)
-    apiserver = start("kube-apiserver", components.apiserver_argv(bin_dir, layout, ports, config.networks))
+    apiserver = start("kube-apiserver", components.apiserver_argv(bin_dir, layout, ports, networks))
     _wait_healthy(apiserver, f"https://127.0.0.1:{ports.apiserver}/readyz", tls, deadline)
     kcm = start(
-        "kube-controller-manager", components.controller_manager_argv(bin_dir, layout, ports, config.networks)
+        "kube-controller-manager", components.controller_manager_argv(bin_dir, layout, ports, networks)
     )
     scheduler = start("kube-scheduler", components.scheduler_argv(bin_dir, layout, ports))
-    kwok = start("kwok", components.kwok_argv(bin_dir, layout, config.networks, KWOK_STAGES))
+    kwok = start("kwok", components.kwok_argv(bin_dir, layout, networks, KWOK_STAGES))
     # The runtime, and the pods it runs, import this checkout of strata whatever is installed.
     start("pod-runtime", components.pod_runtime_argv(layout), pod_runtime_env())
     _wait_healthy(kcm, f"https://127.0.0.1:{ports.controller_manager}/healthz", tls, deadline)
@@ -128,20 +128,37 @@ def _wait_default_service_account(cluster: Cluster, deadline: float) -> None:
 
 
 def launch(directory: Path, config: ClusterConfig | None = None, bin_dir: Path | None = None) -> Cluster:
-    """Start a cluster whose files live in ``directory`` and return once its GPU nodes are Ready.
+    """Start a cluster whose files live in ``directory`` and return once its nodes are Ready.
 
-    On any failure every process already started is stopped before the error propagates.
+    Without ``config.networks`` the cluster takes a pod range no other cluster on this machine
+    holds, until it stops. On any failure every process already started is stopped (and the
+    range released) before the error propagates.
     """
     config = config or ClusterConfig()
     bin_dir = bin_dir or find_bin_dir()
+    lock, networks = None, config.networks
+    if networks is None:
+        lock = ranges.reserve()
+        networks = components.Networks(pod_cidr=lock.cidr)
+    try:
+        cluster = _launch(directory, config, networks, bin_dir)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    cluster.hold_range(lock)
+    return cluster
+
+
+def _launch(directory: Path, config: ClusterConfig, networks: components.Networks, bin_dir: Path) -> Cluster:
     began = time.monotonic()
     layout = components.Layout(directory.resolve())
     for path in (layout.root, layout.logs, layout.kubeconfigs):
         path.mkdir(parents=True, exist_ok=True)
-    certs.create_pki(layout.pki, config.networks.apiserver_service_ip)
+    certs.create_pki(layout.pki, networks.apiserver_service_ip)
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            cluster = _launch_once(bin_dir, layout, config, began + config.start_timeout_s)
+            cluster = _launch_once(bin_dir, layout, config, networks, began + config.start_timeout_s)
             break
         except ClusterStartError as error:
             # A free port can be taken between choosing it and the component binding it (by
@@ -155,7 +172,13 @@ def launch(directory: Path, config: ClusterConfig | None = None, bin_dir: Path |
     return cluster
 
 
-def _launch_once(bin_dir: Path, layout: components.Layout, config: ClusterConfig, deadline: float) -> Cluster:
+def _launch_once(
+    bin_dir: Path,
+    layout: components.Layout,
+    config: ClusterConfig,
+    networks: components.Networks,
+    deadline: float,
+) -> Cluster:
     shutil.rmtree(layout.etcd_data, ignore_errors=True)  # etcd records its peer URL (a port) in its data
     layout.etcd_data.mkdir()
     ports = components.Ports(*_free_ports(5))
@@ -163,8 +186,8 @@ def _launch_once(bin_dir: Path, layout: components.Layout, config: ClusterConfig
     _write_identities(layout, api_url)
     started: list[processes.ManagedProcess] = []
     try:
-        _start_components(bin_dir, layout, config, ports, deadline, started)
-        cluster = Cluster(layout.root, bin_dir, api_url, owned=started, networks=config.networks)
+        _start_components(bin_dir, layout, networks, ports, deadline, started)
+        cluster = Cluster(layout.root, bin_dir, api_url, owned=started, networks=networks)
         cluster.add_gpu_nodes(config.gpu_nodes, config.node_shape, config.node_prefix)
         cluster.add_local_nodes(
             config.local_nodes, config.local_node_shape, config.local_node_cpu, config.local_node_prefix

@@ -13,6 +13,7 @@ from strata.cluster import binaries
 from strata.cluster import cli as cluster_cli
 from strata.demo import dataplane, observe, platform
 from strata.demo.detached import Detached
+from strata.operator.resolve import SERVER_PORT
 from strata.worker.config import WorkerConfig
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".demo"
@@ -31,14 +32,15 @@ def up(directory: Path) -> int:
     step("2/6 helm install charts/strata: CRDs, admission policy, RBAC, ServiceTiers premium/standard/batch")
     sa_kubeconfig = stack.install_chart(cluster)
     step("3/6 the operator, as the chart's ServiceAccount (least-privilege RBAC)")
-    worker_port = stack.free_port()
-    operator_port = platform.start_operator(detached, sa_kubeconfig, f"127.0.0.1:{worker_port}")
+    operator_port = platform.start_operator(detached, sa_kubeconfig)
     step(f"4/6 a tenant applies an InferenceService ({platform.TENANT}/{platform.SERVICE}, tier premium)")
     platform.apply_service(cluster)
     platform.wait_ready(cluster)
     print(platform.show(cluster))
-    step("5/6 the data plane the operator rendered: torch worker + KV-tier sidecar, from its ConfigMap")
-    config = dataplane.localize(platform.rendered_worker_config(cluster), directory, worker_port)
+    step("5/6 the data plane the operator rendered: torch worker + KV-tier sidecar, from its ConfigMap,")
+    print("    run here at the pod's IP (the KWOK pod runs nothing)")
+    pod_ip = platform.pod_ip(cluster)
+    config = dataplane.localize(platform.rendered_worker_config(cluster), directory, pod_ip, SERVER_PORT)
     service = cluster.kubectl_json("get", "inferenceservice", platform.SERVICE, "-n", platform.TENANT)
     source = _source_uri(service["spec"]["model"]["source"])
     for name in ("worker", "kvtier"):  # an earlier run's, before their state is wiped
@@ -48,8 +50,8 @@ def up(directory: Path) -> int:
     dataplane.start_sidecar(detached, config_path)
     api = dataplane.start_worker(detached, config_path, config)
     service = (platform.TENANT, platform.SERVICE, "premium")
-    ports = (worker_port, config.kvtier.metrics_port)
-    prometheus = observe.start_prometheus(detached, cluster, directory, operator_port, service, ports)
+    addresses = (f"{pod_ip}:{SERVER_PORT}", f"127.0.0.1:{config.kvtier.metrics_port}")
+    prometheus = observe.start_prometheus(detached, cluster, directory, operator_port, service, addresses)
     print(f"Prometheus {prometheus} (the chart's monitors, the rules; HTTP API: {prometheus}/api/v1/query)")
     step(f"6/6 one {PROMPT_TOKENS}-token prompt through the memory hierarchy")
     rows, api = _walk_the_hierarchy(detached, config_path, config, api)

@@ -43,13 +43,13 @@ def shm_dir(root: Path) -> Path:
     return Path("/dev/shm") / f"strata-demo-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
 
-def localize(rendered: str, root: Path, port: int) -> WorkerConfig:
-    """The rendered config with this machine's paths and ports, on the CPU."""
+def localize(rendered: str, root: Path, host: str, port: int) -> WorkerConfig:
+    """The rendered config with this machine's paths, listening on ``host:port``, on the CPU."""
     data: dict[str, Any] = WorkerConfig.from_yaml(rendered).model_dump(mode="json")
     model_dir = root / "models" / data["model"]["name"]
     data["model"]["path"] = str(model_dir)
     data["engine"]["device"] = "cpu"
-    data["server"] = {"host": "127.0.0.1", "port": port}
+    data["server"] = {**data["server"], "host": host, "port": port}
     kv = data["kvtier"]
     kv["socket_path"] = str(root / "run" / "kvtier.sock")
     kv["metrics_port"] = free_port()
@@ -88,7 +88,7 @@ def start_worker(detached: Detached, config_path: Path, config: WorkerConfig, ti
     detached.start(
         "worker", [sys.executable, "-m", "strata", "worker", "serve", "--config", str(config_path)]
     )
-    api = f"http://127.0.0.1:{config.server.port}"
+    api = f"http://{config.server.host}:{config.server.port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

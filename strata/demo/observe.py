@@ -21,7 +21,7 @@ def start_prometheus(
     directory: Path,
     operator_port: int,
     service: tuple[str, str, str],
-    worker_ports: tuple[int, int],
+    worker_addresses: tuple[str, str],
 ) -> str:
     """Prometheus left running (``strata demo down`` stops it); returns its URL."""
     namespace, name, tier = service
@@ -30,8 +30,8 @@ def start_prometheus(
         static_job(
             "demo/operator", f"127.0.0.1:{operator_port}", {"namespace": SYSTEM_NAMESPACE, "pod": "operator"}
         ),
-        static_job("demo/worker", f"127.0.0.1:{worker_ports[0]}", labels),
-        static_job("demo/kvtier", f"127.0.0.1:{worker_ports[1]}", labels),
+        static_job("demo/worker", worker_addresses[0], labels),
+        static_job("demo/kvtier", worker_addresses[1], labels),
     ]
     detached.stop("prometheus")
     argv, url = prepare(directory / "prometheus", cluster, interval="5s", extra_jobs=jobs)

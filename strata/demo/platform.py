@@ -24,13 +24,10 @@ def start_cluster(directory: Path) -> Cluster:
     return Cluster.attach(directory)
 
 
-def start_operator(detached: Detached, kubeconfig: Path, worker_address: str) -> int:
-    """The operator as the chart's ServiceAccount, left running; returns its metrics port. Fake
-    pods have fake IPs, so the autoscaler scrapes the one worker running here instead."""
+def start_operator(detached: Detached, kubeconfig: Path) -> int:
+    """The operator as the chart's ServiceAccount, left running; returns its metrics port."""
     metrics, liveness = stack.free_port(), stack.free_port()
-    env = stack.operator_env(
-        {"STRATA_SCRAPE_ADDRESS": worker_address, "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S)}
-    )
+    env = stack.operator_env({"STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S)})
     # One replica, so no peering: the chart names its peering object per release, and kopf given a
     # peering name it cannot find pauses without a word.
     argv = stack.operator_argv(kubeconfig, metrics, liveness, "--standalone", "--log-format=plain")
@@ -54,6 +51,16 @@ def wait_ready(cluster: Cluster, timeout_s: int = 180) -> None:
         f"--timeout={timeout_s}s",
         timeout_s=timeout_s + 10,
     )
+
+
+def pod_ip(cluster: Cluster) -> str:
+    """The IP of the service's (KWOK) pod: a loopback address of this cluster's own range, where
+    the worker started here listens in the pod's place, so the operator scrapes it there."""
+    pods = cluster.kubectl_json("get", "pods", "-n", TENANT, "-l", f"app.kubernetes.io/instance={SERVICE}")
+    ips = [p["status"]["podIP"] for p in pods["items"] if p["status"].get("podIP")]
+    if not ips:
+        raise RuntimeError(f"{TENANT}/{SERVICE}: no pod with an IP")
+    return str(ips[0])
 
 
 def signals(cluster: Cluster) -> str:

@@ -22,9 +22,6 @@ from strata.stack.chart import install_chart
 from strata.stack.wait import free_port, wait_for
 
 NVME_HOST_PATH = "/var/lib/strata/nvme"
-# Nothing serves KWOK's pods: scrape one loopback port that refuses at once rather than wait on pod
-# IPs; callers that scrape a real worker override it.
-NO_SCRAPE_ADDRESS = "127.0.0.1:9"
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
 
@@ -35,7 +32,6 @@ def operator_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         **os.environ,
         "STRATA_NVME_VOLUME": "hostPath",
         "STRATA_NVME_HOST_PATH": NVME_HOST_PATH,
-        "STRATA_SCRAPE_ADDRESS": NO_SCRAPE_ADDRESS,
         **(extra or {}),
     }
 

@@ -258,3 +258,20 @@ def test_a_killed_runtime_leaves_no_process_and_its_successor_restarts_the_pods(
 
     pod = eventually(restarted, "the pod restarted by the new runtime and Ready")
     assert container_status(pod, "c")["lastState"]["terminated"]["reason"] == "ContainerStatusUnknown"
+
+
+def test_a_pod_wanting_more_cpu_than_the_local_nodes_have_stays_pending_and_is_told_why(
+    cluster: Cluster, namespace: str
+) -> None:
+    greedy = shell("c", "exit 0", resources={"requests": {"cpu": "64"}})
+    cluster.apply(local_pod("greedy", [greedy]), namespace)
+
+    def told() -> list[dict[str, Any]]:
+        listed = cluster.kubectl_json("get", "events", "-n", namespace)["items"]
+        return [e for e in listed if e["reason"] == "InsufficientLocalCPU"]
+
+    (event,) = eventually(told, "the runtime's InsufficientLocalCPU event")
+    assert event["type"] == "Warning" and "this pod 64" in event["message"]
+    pod = get_pod(cluster, namespace, "greedy")
+    assert pod is not None and pod["status"]["phase"] == "Pending"
+    assert "Insufficient cpu" in condition(pod, "PodScheduled")["message"]

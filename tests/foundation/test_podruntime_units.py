@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from strata.cluster.podruntime import decide, network, probes, records, status
+from strata.cluster import ranges
+from strata.cluster.nodes import LOCAL_TOLERATION
+from strata.cluster.podruntime import capacity, decide, network, probes, records, status
 from strata.cluster.podruntime import env as envs
 from strata.cluster.podruntime.mounts import Mount, PodDirs, container_mounts
 from strata.cluster.podruntime.records import ContainerRecord
@@ -378,7 +380,7 @@ class TestMounts:
         assert mounts == [
             Mount("/r/pods/key/volumes/cfg", "/etc/strata", read_only=True),
             Mount("/r/pods/key/volumes/shm", "/dev/shm", read_only=False),
-            Mount("/var/lib/x/ns/p", "/var/cache/nvme", read_only=False),
+            Mount("/var/lib/x/ns/p", "/var/cache/nvme", read_only=False, make_source=True),
         ]
 
     def test_sub_path_may_not_leave_the_volume(self) -> None:
@@ -422,3 +424,57 @@ class TestProbeThresholds:
     def test_liveness_starts_alive(self) -> None:
         probe = pod([c("a", livenessProbe={"tcpSocket": {"port": 1}})]).spec.containers[0].liveness_probe
         assert probe is not None and probes.tracker("liveness", probe).result is True
+
+
+class TestCpuShortage:
+    def test_the_scheduler_counts_sidecars_with_main_containers_and_the_largest_init_alone(self) -> None:
+        need = {"resources": {"requests": {"cpu": "500m"}}}
+        p = pod(
+            [c("a", **need), c("b", **need)],
+            init=[c("i", resources={"requests": {"cpu": "3"}}), c("s", restartPolicy="Always", **need)],
+        )
+        assert capacity.pod_cpu(p) == 3.0
+        q = pod([c("a", **need)], init=[c("s", restartPolicy="Always", **need)])
+        assert capacity.pod_cpu(q) == 1.0
+
+    def test_a_local_pod_short_of_cpu_is_told_what_to_do(self) -> None:
+        wanting = pod([c("a", resources={"requests": {"cpu": "4"}})], tolerations=[LOCAL_TOLERATION])
+        unschedulable = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/5 nodes are available: 1 Insufficient cpu.",
+            }
+        ]
+        message = capacity.shortage_message(wanting, unschedulable, offered=2, taken=1.5, machine_cpus=2)
+        assert message is not None
+        assert "offer 2 CPU in all (this machine has 2)" in message and "request 1.5, this pod 4" in message
+        assert "local_node_cpu" in message
+
+    def test_other_pending_pods_are_not_its_business(self) -> None:
+        kwok_pod = pod([c("a")])
+        unschedulable = [{"type": "PodScheduled", "reason": "Unschedulable", "message": "Insufficient cpu"}]
+        assert capacity.shortage_message(kwok_pod, unschedulable, 2, 0, 2) is None
+        local = pod([c("a")], tolerations=[LOCAL_TOLERATION])
+        gpus = [{"type": "PodScheduled", "reason": "Unschedulable", "message": "Insufficient nvidia.com/gpu"}]
+        assert capacity.shortage_message(local, gpus, 2, 0, 2) is None
+
+
+class TestPodRanges:
+    def test_two_clusters_never_share_a_range_and_a_released_one_is_reused(self, tmp_path: Path) -> None:
+        first = ranges.reserve(tmp_path)
+        second = ranges.reserve(tmp_path)
+        assert (first.cidr, second.cidr) == ("127.64.0.0/16", "127.65.0.0/16")
+        first.release()
+        third = ranges.reserve(tmp_path)
+        assert third.cidr == "127.64.0.0/16"
+        second.release()
+        third.release()
+
+    def test_a_full_pool_says_so(self, tmp_path: Path) -> None:
+        held = [ranges.reserve(tmp_path, pool="127.64.0.0/15") for _ in range(2)]
+        with pytest.raises(ranges.NoFreeRangeError, match="all 2 pod ranges"):
+            ranges.reserve(tmp_path, pool="127.64.0.0/15")
+        for lock in held:
+            lock.release()

@@ -1,6 +1,7 @@
 """The built-in autoscaler end to end: the operator (as the chart's ServiceAccount) scrapes the
-pods of two services, whose metrics a local server stands in for (KWOK pod IPs lead nowhere,
-hence STRATA_SCRAPE_ADDRESS), fills status.signals for both and scales only the builtin one."""
+pods of two services at their pod IPs, where this test serves a busy worker's metrics (the pods
+are KWOK's and run nothing; their IPs are loopback addresses this process can bind), fills
+status.signals for both and scales only the builtin one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from strata.cluster.cluster import Cluster
+from strata.operator.resolve import SERVER_PORT
 from strata.stack import (
     OperatorProcess,
     events,
@@ -54,10 +56,41 @@ class BusyWorker:
             return generate_latest(self.registry)
 
 
-@pytest.fixture(scope="module")
-def metrics_address() -> Iterator[str]:
-    worker = BusyWorker()
+class PodMetrics:
+    """Serves ``worker``'s /metrics on port 8000 of every worker pod's IP as the pods appear."""
 
+    def __init__(self, cluster: Cluster, worker: BusyWorker) -> None:
+        self.cluster = cluster
+        self.handler = _handler(worker)
+        self.servers: dict[str, ThreadingHTTPServer] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def _follow(self) -> None:
+        while not self.stop.wait(1.0):
+            listed = self.cluster.kubectl(
+                "get",
+                "pods",
+                "-A",
+                "-l",
+                "app.kubernetes.io/component=worker",
+                "-o",
+                "jsonpath={.items[*].status.podIP}",
+                check=False,
+            ).stdout.split()
+            for ip in set(listed) - set(self.servers):
+                self.servers[ip] = ThreadingHTTPServer((ip, SERVER_PORT), self.handler)
+                threading.Thread(target=self.servers[ip].serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        for server in self.servers.values():
+            server.shutdown()
+            server.server_close()
+
+
+def _handler(worker: BusyWorker) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = worker.render() if self.path == "/metrics" else b""
@@ -69,20 +102,24 @@ def metrics_address() -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def pod_metrics(cluster: Cluster) -> Iterator[PodMetrics]:
+    served = PodMetrics(cluster, BusyWorker())
+    served.thread.start()
     try:
-        yield f"127.0.0.1:{server.server_address[1]}"
+        yield served
     finally:
-        server.shutdown()
+        served.close()
 
 
 @pytest.fixture(scope="module")
 def operator(
-    cluster: Cluster, metrics_address: str, tmp_path_factory: pytest.TempPathFactory
+    cluster: Cluster, pod_metrics: PodMetrics, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    env = {"STRATA_SCRAPE_ADDRESS": metrics_address, "STRATA_AUTOSCALE_INTERVAL_S": "1"}
+    env = {"STRATA_AUTOSCALE_INTERVAL_S": "1"}
     with operator_running(cluster, tmp_path_factory.mktemp("operator") / "operator.log", env=env) as process:
         yield process
 
@@ -141,9 +178,9 @@ def test_builtin_scales_up_within_its_step_and_off_only_reports(
         last = (obj.get("status") or {}).get("lastScaling") or {}
         return obj if last.get("toReplicas") == 4 and obj["spec"]["replicas"] == 4 else None
 
-    auto = wait_for(at_max, 45, what=f"scaling up to maxReplicas 4 (log {operator.log})")
+    auto = wait_for(at_max, 180, what=f"scaling up to maxReplicas 4 (log {operator.log})")
     # KV usage 0.9 > 0.8 and TTFT p95 of 7 s > 1 s: each decision adds at most 2 replicas.
-    made = wait_for(lambda: steps(cluster, namespace, "auto"), 10, what="Scaled Events")
+    made = wait_for(lambda: steps(cluster, namespace, "auto"), 60, what="Scaled Events")
     assert all(0 < to - frm <= 2 for frm, to, _ in made), made
     assert any("(max step 2)" in message for _, _, message in made), made
     assert "> target" in auto["status"]["lastScaling"]["reason"]

@@ -16,6 +16,7 @@ from strata.operator.autoscale.loop import Autoscaler, Peering, signals_changed
 from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeClient, Obj
 from strata.operator.views import IndexViews, PodRef
+from tests.operator.pod_ips import NOBODY, serve_as_pod
 
 EXPOSITION = """\
 strata_worker_kv_cache_usage_ratio {kv}
@@ -44,6 +45,7 @@ class FakeKube(KubeClient):
         self.tier: Obj = {"spec": {"autoscaling": {"targetKvCacheUsage": 0.5, "maxScaleUpStep": 1}}}
         self.peers = peers
         self.patches: list[tuple[str, Any]] = []
+        self.ip = NOBODY  # the ready pod's IP: where the test's metrics server listens, if it runs
 
     @property
     def views(self) -> IndexViews:
@@ -51,7 +53,7 @@ class FakeKube(KubeClient):
         return IndexViews(
             services={("ns", "chat"): [self.isvc]},
             tiers={"t": [self.tier]},
-            pods={("ns", "chat"): [PodRef("pa", "a", "10.0.0.1")]},  # the ready one of its pods
+            pods={("ns", "chat"): [PodRef("pa", "a", self.ip)]},  # the ready one of its pods
         )
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
@@ -67,7 +69,7 @@ class FakeKube(KubeClient):
         content_type: str = "application/json",
     ) -> Obj:
         if path.endswith("/pods"):  # only a scale-down lists them, to rank them by cache
-            ready = {"podIP": "127.64.1.2", "conditions": [{"type": "Ready", "status": "True"}]}
+            ready = {"podIP": self.ip, "conditions": [{"type": "Ready", "status": "True"}]}
             unready = {"podIP": "127.64.1.3", "conditions": [{"type": "Ready", "status": "False"}]}
             return {
                 "items": [
@@ -84,7 +86,8 @@ class FakeKube(KubeClient):
 
 @asynccontextmanager
 async def metrics_server(kv: float = 0.95) -> AsyncIterator[str]:
-    """A worker's /metrics whose counters grow on every scrape; in the test's own event loop."""
+    """A worker's /metrics whose counters grow on every scrape, on port 8000 of a loopback address
+    of its own (the pod's IP; the autoscaler scrapes pod IPs), in the test's own event loop."""
     scrapes = {"n": 0}
 
     async def metrics(_: web.Request) -> web.Response:
@@ -96,19 +99,16 @@ async def metrics_server(kv: float = 0.95) -> AsyncIterator[str]:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    ip = await serve_as_pod(runner)
     try:
-        yield f"127.0.0.1:{port}"
+        yield ip
     finally:
         await runner.cleanup()
 
 
-def autoscaler(kube: FakeKube, address: str, peering: Peering = Peering(None, 0)) -> Autoscaler:
-    return Autoscaler(
-        kube, RecordedEvents(), lambda: [("ns", "chat")], peering, scrape_address=address, views=kube.views
-    )
+def autoscaler(kube: FakeKube, pod_ip: str, peering: Peering = Peering(None, 0)) -> Autoscaler:
+    kube.ip = pod_ip
+    return Autoscaler(kube, RecordedEvents(), lambda: [("ns", "chat")], peering, views=kube.views)
 
 
 async def test_first_interval_primes_then_signals_and_a_builtin_scale() -> None:
@@ -152,7 +152,7 @@ async def test_mode_off_reports_signals_once_while_they_hold_and_never_scales() 
 
 async def test_an_unreachable_worker_writes_nothing_and_leaves_replicas_alone() -> None:
     kube = FakeKube("builtin")
-    scaler = autoscaler(kube, "127.0.0.1:9")  # discard port: connection refused
+    scaler = autoscaler(kube, NOBODY)  # nothing listens there: connection refused
     await scaler.tick()
     await scaler.tick()
     await scaler.close()

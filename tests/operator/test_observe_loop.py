@@ -17,6 +17,7 @@ from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeClient, Obj
 from strata.operator.views import IndexViews, PodRef
 from strata.stack.manifests import inference_service
+from tests.operator.pod_ips import NOBODY, serve_as_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 # One pod: busy 9 s of every 10 s interval, 1 s of it waiting on the tiers, KV 40 % used.
@@ -51,6 +52,7 @@ class FakeKube(KubeClient):
         self.isvc["status"] = {"replicas": 1, "readyReplicas": 1, "desiredReplicas": 1}
         self.tier: Obj = yaml.safe_load((ROOT / "examples" / "servicetiers" / "standard.yaml").read_text())
         self.patches: list[tuple[str, Any]] = []
+        self.ip = NOBODY  # the pod's IP, where the test's worker serves its metrics
 
     @property
     def views(self) -> IndexViews:
@@ -58,7 +60,7 @@ class FakeKube(KubeClient):
         return IndexViews(
             services={key: [self.isvc]},
             tiers={"standard": [self.tier]},
-            pods={key: [PodRef("p0", "chat-0", "127.0.0.1")]},
+            pods={key: [PodRef("p0", "chat-0", self.ip)]},
         )
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Obj:
@@ -77,23 +79,21 @@ async def worker(clock: Clock) -> AsyncIterator[str]:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
-        yield f"127.0.0.1:{runner.addresses[0][1]}"
+        yield await serve_as_pod(runner)
     finally:
         await runner.cleanup()
 
 
 async def two_intervals() -> tuple[FakeKube, Autoscaler]:
     clock, kube = Clock(), FakeKube()
-    async with worker(clock) as address:
+    async with worker(clock) as pod_ip:
+        kube.ip = pod_ip
         scaler = Autoscaler(
             kube,
             RecordedEvents(),
             lambda: [("team-a", "chat")],
             Peering(None, 0),
-            address,
             views=kube.views,
             clock=clock,
         )

@@ -83,6 +83,9 @@ def test_engine_requests_gpus_and_probes_the_worker(tier):
     assert engine["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert engine["command"] == ["strata", "worker", "serve", "--config", "/etc/strata/worker.yaml"]
+    assert engine["args"] == ["--host=$(POD_IP)"]  # listen on the pod IP only
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert pod_ip in engine["env"]
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -104,6 +107,7 @@ def test_kvtier_is_a_native_sidecar_after_the_model_fetcher():
     fetch, sidecar = init
     assert "restartPolicy" not in fetch and sidecar["restartPolicy"] == "Always"
     assert sidecar["command"] == ["strata", "kvtier", "serve", "--config", "/etc/strata/worker.yaml"]
+    assert sidecar["args"] == ["--host=$(POD_IP)"]
     assert sidecar["readinessProbe"]["httpGet"]["port"] == "kv-metrics"
     assert fetch["command"][3:5] == ["--source", "builtin://tiny"]
     # The DRAM tier lives in the sidecar's memory: its limit covers it.
@@ -309,14 +313,14 @@ def test_pod_overrides_are_rendered_and_the_operator_keeps_its_own():
     by_name = {c["name"]: c for c in containers(pod)}
     for name in ("engine", "model"):  # the fetcher needs HF_TOKEN, the engine STRATA_API_KEY and the like
         env = by_name[name]["env"]
-        assert [e["name"] for e in env] == ["POD_NAME", "POD_NAMESPACE", "HF_TOKEN"]
-        assert env[2]["valueFrom"] == {
+        assert [e["name"] for e in env] == ["POD_NAME", "POD_NAMESPACE", "POD_IP", "HF_TOKEN"]
+        assert env[3]["valueFrom"] == {
             "secretKeyRef": {"name": "hf-token", "key": "token", "optional": False}
         }
         assert by_name[name]["envFrom"] == [
             {"configMapRef": {"name": "extra", "optional": False}, "prefix": "X_"}
         ]
-    assert "envFrom" not in by_name["kvtier"] and len(by_name["kvtier"]["env"]) == 2  # no tenant secrets
+    assert "envFrom" not in by_name["kvtier"] and len(by_name["kvtier"]["env"]) == 3  # no tenant secrets
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
     assert spec["serviceAccountName"] == "inference" and spec["automountServiceAccountToken"] is False
     assert spec["affinity"] == GATED_POD["affinity"]
@@ -333,4 +337,4 @@ def test_no_pod_overrides_render_as_before():
     plan, settings = make()
     spec = render_pod_template(plan, settings)["spec"]
     assert not {"imagePullSecrets", "serviceAccountName", "affinity"} & spec.keys()
-    assert [e["name"] for e in spec["containers"][0]["env"]] == ["POD_NAME", "POD_NAMESPACE"]
+    assert [e["name"] for e in spec["containers"][0]["env"]] == ["POD_NAME", "POD_NAMESPACE", "POD_IP"]

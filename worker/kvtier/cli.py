@@ -34,6 +34,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     serve.add_argument(
         "--metrics-port", type=int, default=None, help="override kvtier.metrics_port; 0 serves no metrics"
     )
+    serve.add_argument(
+        "--host", default="0.0.0.0", help="address of /metrics and /health (a pod passes its pod IP)"
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -52,7 +55,12 @@ def main(argv: list[str]) -> int:
         print(f"strata kvtier: --block-bytes must be > 0, got {args.block_bytes}", file=sys.stderr)
         return 2
     try:
-        sidecar = Sidecar(config.kvtier, block_bytes=args.block_bytes, metrics_port=args.metrics_port)
+        sidecar = Sidecar(
+            config.kvtier,
+            block_bytes=args.block_bytes,
+            metrics_port=args.metrics_port,
+            metrics_host=args.host,
+        )
         sidecar.start()
     except (OSError, ValueError) as err:  # an unwritable path, a port in use: say so, no traceback
         print(f"strata kvtier: cannot start: {err}", file=sys.stderr)

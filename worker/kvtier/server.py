@@ -186,13 +186,20 @@ class _Connection(socketserver.BaseRequestHandler):
 class Sidecar:
     """Everything ``strata kvtier serve`` runs; ``start`` returns once it accepts connections."""
 
-    def __init__(self, config: KVTierConfig, block_bytes: int | None = None, metrics_port: int | None = None):
+    def __init__(
+        self,
+        config: KVTierConfig,
+        block_bytes: int | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",
+    ):
         self.config = config
         self.metrics = TierMetrics()
         self.service = KVTierService(config, self.metrics)
         if block_bytes:
             self.service.configure(block_bytes)
         self._metrics_port = config.metrics_port if metrics_port is None else metrics_port
+        self._metrics_host = metrics_host
         self._stop = threading.Event()
         self._server: _Server | None = None
         self._http: Any = None
@@ -208,10 +215,18 @@ class Sidecar:
             target=self._server.serve_forever, args=(0.05,), name="kvtier-socket", daemon=True
         ).start()
         if self._metrics_port:
-            healthy = lambda: self._server is not None  # noqa: E731
-            self._http = serve_http(self._metrics_port, self.metrics, healthy, events=self.service.events)
+            self._http = serve_http(
+                self._metrics_port,
+                self.metrics,
+                self._serving,
+                self._metrics_host,
+                events=self.service.events,
+            )
         threading.Thread(target=self._sweep_loop, name="kvtier-sweep", daemon=True).start()
-        log.info("kvtier: serving on %s, metrics on :%s", path, self._metrics_port)
+        log.info("kvtier: serving on %s, metrics on %s:%s", path, self._metrics_host, self._metrics_port)
+
+    def _serving(self) -> bool:
+        return self._server is not None
 
     def _sweep_loop(self) -> None:
         retention = self.config.retention_s

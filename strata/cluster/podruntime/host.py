@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from strata.cluster.podruntime.kubeapi import KubeApi
+from strata.cluster.podruntime.mounts import IMAGE_CODE
 
 HOST_IP = "127.0.0.1"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -21,13 +22,13 @@ SHUTDOWN_GRACE_S = 5.0
 MIN_GRACE_S = 2.0
 
 
-def image_env(repo_root: Path, api_port: int) -> dict[str, str]:
+def image_env(api_port: int) -> dict[str, str]:
     """The environment a container starts from. No image is pulled: the project's virtualenv is
-    first on PATH, so ``strata ...`` runs this checkout (PYTHONPATH), and the API server is
-    reachable where in-cluster clients look for it."""
+    first on PATH, so ``strata ...`` runs this checkout (mounted at IMAGE_CODE, on PYTHONPATH),
+    and the API server is reachable where in-cluster clients look for it."""
     return {
         "PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}",
-        "PYTHONPATH": str(repo_root),
+        "PYTHONPATH": IMAGE_CODE,
         "HOME": os.environ.get("HOME", "/root"),
         "KUBERNETES_SERVICE_HOST": HOST_IP,
         "KUBERNETES_SERVICE_PORT": str(api_port),
@@ -39,6 +40,7 @@ def image_env(repo_root: Path, api_port: int) -> dict[str, str]:
 @dataclass
 class Host:
     api: KubeApi
+    repo_root: Path  # the checkout the containers run
     root: Path  # <cluster>/pod-runtime: pods/<key>/ (volumes, launch specs), claims/<pv>/
     logs: Path  # <cluster>/logs/pods: <key>/<container>/<n>.log
     env: dict[str, str]

@@ -19,11 +19,13 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from strata.cluster.nodes import POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
-from strata.cluster.podruntime import launch
+from strata.cluster.nodes import POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL, machine_cpus
+from strata.cluster.podruntime import capacity, events, launch
+from strata.cluster.podruntime.env import quantity
 from strata.cluster.podruntime.host import SHUTDOWN_GRACE_S, Host, image_env
 from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.nodeagent import NodeAgent
+from strata.cluster.podruntime.spec import parse_pod
 
 log = logging.getLogger("strata.cluster.podruntime")
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -46,6 +48,7 @@ class Runtime:
         self.problem = problem
         self.agents: dict[str, NodeAgent] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.pending: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         watching = asyncio.create_task(self._watch_nodes())
@@ -53,7 +56,7 @@ class Runtime:
         watching.cancel()
         log.info("stopping: %d nodes", len(self.agents))
         await asyncio.gather(*(agent.shutdown(SHUTDOWN_GRACE_S) for agent in self.agents.values()))
-        for task in self.tasks.values():
+        for task in [*self.tasks.values(), *([self.pending] if self.pending else [])]:
             task.cancel()
         await self.host.session.close()
         await self.host.api.close()
@@ -73,6 +76,34 @@ class Runtime:
         log.info("running node %s (pod range %s)", name, agent.node.pod_cidr)
         self.agents[name] = agent
         self.tasks[name] = asyncio.create_task(agent.run())
+        if self.pending is None:  # only with local nodes: a KWOK-only cluster pays nothing
+            self.pending = asyncio.create_task(self._watch_pending())
+
+    async def _watch_pending(self) -> None:
+        """Say, once per pod, why a pod meant for the local nodes waits for CPU."""
+        warned: set[str] = set()
+        params = {"fieldSelector": "spec.nodeName=,status.phase=Pending"}
+        async for event in self.host.api.watch("/api/v1/pods", params):
+            uid = event.object["metadata"]["uid"]
+            if event.type == "DELETED" or uid in warned:
+                continue
+            message = self._shortage(event.object)
+            if message is not None:
+                warned.add(uid)
+                ref = events.pod_ref(
+                    event.object["metadata"]["namespace"], event.object["metadata"]["name"], uid
+                )
+                await events.emit(
+                    self.host.api, ref, "InsufficientLocalCPU", message, "local-nodes", warning=True
+                )
+
+    def _shortage(self, obj: dict[str, Any]) -> str | None:
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        offered = sum(quantity(a.node.allocatable.get("cpu", "0")) for a in self.agents.values())
+        pods = [w.pod for a in self.agents.values() for w in a.workers.values()]
+        return capacity.shortage_message(
+            parse_pod(obj), conditions, offered, capacity.requested(pods), machine_cpus()
+        )
 
     async def _drop(self, name: str) -> None:
         agent = self.agents.pop(name, None)
@@ -94,7 +125,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def serve(args: argparse.Namespace, problem: str | None) -> None:
     api = KubeApi.from_kubeconfig(args.kubeconfig)
     port = urllib.parse.urlsplit(api.server).port or 443
-    host = Host(api, args.root.resolve(), args.logs.resolve(), image_env(REPO_ROOT, port))
+    host = Host(api, REPO_ROOT, args.root.resolve(), args.logs.resolve(), image_env(port))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

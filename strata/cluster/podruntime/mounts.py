@@ -16,6 +16,8 @@ from pathlib import Path
 from strata.cluster.podruntime.env import ContainerConfigError, expand
 from strata.cluster.podruntime.spec import Container, Pod, Volume
 
+# Where every container finds the checkout the runtime runs (its PYTHONPATH).
+IMAGE_CODE = "/opt/strata"
 # ConfigMap, Secret, projected and downward-API volumes are read-only, as the kubelet mounts them.
 READ_ONLY_KINDS = ("config_map", "secret", "projected", "downward_api")
 
@@ -25,6 +27,8 @@ class Mount:
     source: str
     target: str
     read_only: bool
+    # A subPath: the kubelet creates the directory in the volume when it is missing.
+    make_source: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,5 +93,11 @@ def container_mounts(
         if volume.persistent_volume_claim is not None and volume.persistent_volume_claim.read_only:
             read_only = True
         target = posixpath.normpath(mount.mount_path)
-        mounts.append(Mount(posixpath.join(source, sub) if sub else source, target, read_only))
+        mounts.append(Mount(posixpath.join(source, sub) if sub else source, target, read_only, bool(sub)))
     return mounts
+
+
+def image_mount(repo_root: str) -> Mount:
+    """The "image": this checkout, read-only at ``IMAGE_CODE`` in every container, whatever the
+    container mounts elsewhere (a volume at /tmp must not hide a checkout that lives under /tmp)."""
+    return Mount(repo_root, IMAGE_CODE, read_only=True)

@@ -229,6 +229,7 @@ class Volume(_View):
 
 class Toleration(_View):
     key: str = ""
+    operator: str = "Equal"
 
 
 class PodSpec(_View):
@@ -241,6 +242,7 @@ class PodSpec(_View):
     service_account_name: str = "default"
     host_network: bool = False
     node_selector: dict[str, str] = {}
+    tolerations: tuple[Toleration, ...] = ()
     readiness_gates: tuple[dict[str, str], ...] = ()
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from strata.cluster.podruntime import decide, events, processes, records, volumes
@@ -22,7 +23,7 @@ from strata.cluster.podruntime import env as envs
 from strata.cluster.podruntime import probes as probing
 from strata.cluster.podruntime.host import HOST_IP, MIN_GRACE_S, Host, Node
 from strata.cluster.podruntime.kubeapi import STRATEGIC, ApiError
-from strata.cluster.podruntime.mounts import PodDirs, container_mounts
+from strata.cluster.podruntime.mounts import Mount, PodDirs, container_mounts, image_mount
 from strata.cluster.podruntime.spec import Container, Pod, Probe, parse_pod
 from strata.cluster.podruntime.status import Addresses, pod_status
 
@@ -145,8 +146,12 @@ class PodWorker:
             base = {**self.host.env, "HOSTNAME": self.pod.metadata.name}
             env = envs.container_env(container, self._facts(), await self._sources(container), base)
             argv = envs.command_line(container, env)
-            mounts = container_mounts(self.pod, container, self.dirs, env, self.claims or {})
-        except (envs.ContainerConfigError, ApiError, KeyError) as error:
+            mounts = [
+                image_mount(str(self.host.repo_root)),
+                *container_mounts(self.pod, container, self.dirs, env, self.claims or {}),
+            ]
+            _make_sub_paths(mounts)
+        except (envs.ContainerConfigError, ApiError, KeyError, OSError) as error:
             self.records[name] = records.start_failed(record, "CreateContainerConfigError", str(error), now)
             await self._event("Failed", f"Error: {error}", container=name, warning=True)
             return
@@ -335,6 +340,12 @@ class PodWorker:
         meta = self.pod.metadata
         ref = events.pod_ref(meta.namespace, meta.name, meta.uid, container)
         await events.emit(self.host.api, ref, reason, message, self.node.name, warning)
+
+
+def _make_sub_paths(mounts: list[Mount]) -> None:
+    for mount in mounts:
+        if mount.make_source:
+            Path(mount.source).mkdir(parents=True, exist_ok=True)
 
 
 def _string_data(obj: dict[str, Any], secret: bool) -> dict[str, str]:
