@@ -95,7 +95,14 @@ def test_every_job_ends_keeping_only_loopback_targets() -> None:
     # Prometheus anchors relabel regexes: only 127.x.y.z:port matches.
     anchored = re.compile(f"^(?:{LOOPBACK_TARGET})$")
     assert anchored.match("127.64.1.7:8000") and anchored.match("127.0.0.1:9090")
-    for outside in ("10.244.0.5:8000", "192.168.1.2:80", "1127.0.0.1:80", "127.0.0.1.evil:80", "[::1]:80"):
+    for outside in (
+        "128.0.0.1:8000",
+        "126.255.255.255:80",
+        "0.0.0.0:80",
+        "1127.0.0.1:80",
+        "127.0.0.1.evil:80",
+        "[::1]:80",
+    ):
         assert not anchored.match(outside), outside
 
 

@@ -9,12 +9,12 @@ from strata.operator.views import IndexViews, PodRef, owning_service, ready_pod,
 READY = [{"type": "Ready", "status": "True"}]
 
 
-def pod(ip: str = "10.0.0.1", conditions=READY, **meta: str) -> dict[str, Any]:
+def pod(ip: str = "127.64.0.1", conditions=READY, **meta: str) -> dict[str, Any]:
     return {"metadata": {"name": "p", "uid": "u", **meta}, "status": {"podIP": ip, "conditions": conditions}}
 
 
 def test_only_ready_pods_with_an_ip_that_are_not_going_away_are_kept() -> None:
-    assert ready_pod(pod()) == PodRef("u", "p", "10.0.0.1")
+    assert ready_pod(pod()) == PodRef("u", "p", "127.64.0.1")
     assert ready_pod(pod(conditions=[{"type": "Ready", "status": "False"}])) is None
     assert ready_pod(pod(ip="")) is None
     assert ready_pod(pod(deletionTimestamp="2026-01-01T00:00:00Z")) is None
@@ -59,14 +59,14 @@ def test_views_read_services_tiers_workloads_and_counts() -> None:
         services={("a", "chat"): [{"metadata": {"name": "chat"}}]},
         tiers={"standard": [{"metadata": {"name": "standard"}}]},
         workloads=({("a", "chat"): [deployment]}, {}),
-        pods={("a", "chat"): [PodRef("u", "p", "10.0.0.1")]},
+        pods={("a", "chat"): [PodRef("u", "p", "127.64.0.1")]},
         services_by_tier={"standard": [("a", "chat"), ("b", "x")]},
     )
     assert views.bound and views.service(("a", "chat")) == {"metadata": {"name": "chat"}}
     assert (
         views.workload(("a", "chat")) is deployment and views.workload(("a", "chat"), "StatefulSet") is None
     )
-    assert views.ready_pods(("a", "chat")) == [PodRef("u", "p", "10.0.0.1")]
+    assert views.ready_pods(("a", "chat")) == [PodRef("u", "p", "127.64.0.1")]
     assert views.tier_services("standard") == 2 and views.tier_services("batch") == 0
 
 
