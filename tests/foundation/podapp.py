@@ -37,7 +37,7 @@ def who_am_i() -> dict[str, Any]:
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     context = ssl.create_default_context(cafile=f"{ACCOUNT}/ca.crt")
-    with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+    with urllib.request.urlopen(request, context=context, timeout=120) as reply:
         return dict(json.load(reply)["status"]["userInfo"])
 
 

@@ -20,7 +20,7 @@ import pytest
 from strata.cluster import Cluster
 from strata.cluster.cli import pid_alive
 from strata.cluster.nodes import LOCAL_TOLERATION, POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
-from tests.foundation.waiting import eventually
+from tests.foundation.waiting import WAIT_S, eventually
 
 pytestmark = pytest.mark.cluster
 LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
@@ -81,7 +81,7 @@ def ready_pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
 
 
 def fetch(ip: str, port: int = 8080) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=10) as reply:
+    with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=WAIT_S) as reply:
         result: dict[str, Any] = json.load(reply)
         return result
 
@@ -244,7 +244,7 @@ def test_a_killed_runtime_leaves_no_process_and_its_successor_restarts_the_pods(
     assert len(pids) == 2
     runtime = next(p for p in cluster.owned_processes if p.name == "pod-runtime")
     runtime.popen.send_signal(signal.SIGKILL)
-    runtime.popen.wait(30)
+    runtime.popen.wait(WAIT_S)
     eventually(
         lambda: not any(pid_alive(p) for p in pids), "every process of the killed runtime's pods to go"
     )
