@@ -14,6 +14,7 @@ from strata.operator import names
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest, content_hash, metadata
 from strata.operator.render.pod import (
+    LISTEN_ON_POD_IP,
     container_security_context,
     image,
     model_fetcher,
@@ -153,13 +154,9 @@ def _container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "image": image(plan, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["strata", "router", "serve", "--config", names.ROUTER_CONFIG_PATH],
-        "args": ["--host=$(POD_IP)"],  # its own address: on the local pod runtime pods share a host
+        "args": LISTEN_ON_POD_IP,  # as the workers: on the local pod runtime pods share a host
         "ports": [{"name": "http", "containerPort": plan.router.port, "protocol": "TCP"}],
-        "env": [
-            *pod_env(),
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            *api_key_env(plan),
-        ],
+        "env": [*pod_env(), *api_key_env(plan)],  # POD_IP among pod_env's
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 60},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},

@@ -80,6 +80,10 @@ def test_two_hardened_replicas_with_a_pdb_and_a_pod_reading_role():
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"][:3] == ["strata", "router", "serve"]
+    # It listens on its pod IP, as the workers do (pods share a host on the local pod runtime).
+    assert container["args"] == ["--host=$(POD_IP)"]
+    env = [e["name"] for e in container["env"]]
+    assert env.count("POD_IP") == 1 and len(env) == len(set(env))
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
     assert pod["serviceAccountName"] == "chat-router" and pod["automountServiceAccountToken"]
     assert kinds["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
