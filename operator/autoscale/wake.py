@@ -62,9 +62,6 @@ class Scaler(Protocol):
     def events(self) -> EventSink: ...
 
     @property
-    def scrape_address(self) -> str: ...
-
-    @property
     def clock(self) -> Callable[[], float]: ...
 
     @property
@@ -83,8 +80,7 @@ async def held_requests(scaler: Scaler, isvc: Mapping[str, Any]) -> float:
     """Requests held by the service's ready routers; a router that cannot be scraped counts 0."""
     meta = isvc["metadata"]
     routers = scaler.views.ready_routers((meta["namespace"], meta["name"]))
-    address = scaler.scrape_address
-    urls = [f"http://{address}/metrics" if address else metrics_url(r.ip, ROUTER_PORT) for r in routers]
+    urls = [metrics_url(r.ip, ROUTER_PORT) for r in routers]
     texts = await asyncio.gather(*(scaler._get_text(url) for url in urls))
     total = 0.0
     for text in texts:

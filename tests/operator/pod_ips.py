@@ -13,12 +13,12 @@ from strata.operator.resolve import SERVER_PORT
 NOBODY = "127.208.0.1"  # a pod IP where nothing listens: the scrape is refused at once
 
 
-async def serve_as_pod(runner: web.AppRunner, attempts: int = 20) -> str:
-    """Start ``runner`` on port 8000 of a free address of 127.200.0.0/13; that address."""
+async def serve_as_pod(runner: web.AppRunner, port: int = SERVER_PORT, attempts: int = 20) -> str:
+    """Start ``runner`` on ``port`` of a free address of 127.200.0.0/13; that address."""
     for _ in range(attempts):
         ip = f"127.{random.randint(200, 207)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
         try:
-            await web.TCPSite(runner, ip, SERVER_PORT).start()
+            await web.TCPSite(runner, ip, port).start()
         except OSError:  # taken by a concurrent test: pick another
             continue
         return ip

@@ -17,12 +17,14 @@ from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeClient, Obj
+from strata.operator.resolve import ROUTER_PORT
 from strata.operator.views import IndexViews, PodRef
 from strata.router.choose import Prompt
 from strata.router.config import RouterConfig
 from strata.router.fleet import Fleet
 from strata.router.gate import Gate
 from strata.router.metrics import RouterMetrics
+from tests.operator.pod_ips import serve_as_pod
 
 
 @pytest.mark.parametrize(
@@ -47,7 +49,7 @@ def test_the_gauge_is_read_from_the_routers_exposition():
 class ZeroKube(KubeClient):
     """A service at zero replicas whose one router pod is ready, as the watch caches hold them."""
 
-    def __init__(self) -> None:
+    def __init__(self, router_ip: str) -> None:
         self.isvc: Obj = {
             "metadata": {"name": "chat", "namespace": "ns", "uid": "u1"},
             "spec": {"tier": "t", "replicas": 0, "minReplicas": 0, "maxReplicas": 3},
@@ -56,7 +58,7 @@ class ZeroKube(KubeClient):
         self.views = IndexViews(
             services={("ns", "chat"): [self.isvc]},
             tiers={"t": [{"spec": {}}]},
-            routers={("ns", "chat"): [PodRef("r1", "chat-router-x", "127.0.0.1")]},
+            routers={("ns", "chat"): [PodRef("r1", "chat-router-x", router_ip)]},
         )
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
@@ -87,11 +89,8 @@ async def router_metrics(held: int) -> AsyncIterator[str]:
     app.router.add_get("/metrics", serve)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"127.0.0.1:{port}"
+        yield await serve_as_pod(runner, ROUTER_PORT)  # scraped at its pod IP, as on a cluster
     finally:
         for task in waiting:
             task.cancel()
@@ -100,11 +99,10 @@ async def router_metrics(held: int) -> AsyncIterator[str]:
 
 @pytest.mark.parametrize(("held", "woken"), [(2, True), (0, False)])
 async def test_the_loop_wakes_a_service_whose_router_holds_requests(held, woken):
-    kube, events = ZeroKube(), RecordedEvents()
-    async with router_metrics(held) as address:
-        scaler = Autoscaler(
-            kube, events, lambda: [("ns", "chat")], Peering(None, 0), scrape_address=address, views=kube.views
-        )
+    events = RecordedEvents()
+    async with router_metrics(held) as router_ip:
+        kube = ZeroKube(router_ip)
+        scaler = Autoscaler(kube, events, lambda: [("ns", "chat")], Peering(None, 0), views=kube.views)
         try:
             await scaler.tick()
         finally:
