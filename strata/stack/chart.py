@@ -9,9 +9,12 @@ while the ServiceTier CRD (its parameter kind) is discovered (docs/api.md)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,15 +32,21 @@ ADMISSION_TIMEOUT_S = 120.0
 NOT_YET_ADMITTED = "paramKind"  # the policy's parameter kind is not discovered yet
 
 
-def install_chart(cluster: Cluster, timeout_s: float = ADMISSION_TIMEOUT_S) -> Path:
-    """Install (or upgrade) the chart; returns a kubeconfig of its ServiceAccount."""
+def install_chart(
+    cluster: Cluster, timeout_s: float = ADMISSION_TIMEOUT_S, values: Mapping[str, Any] | None = None
+) -> Path:
+    """Install (or upgrade) the chart; returns a kubeconfig of its ServiceAccount. Without
+    ``values``, with no operator pods (the operator runs as a process); with them, exactly those
+    values (e.g. the operator's pods on a local node, where the pod runtime runs them)."""
     _apply_crds(cluster)
     helm = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig)]
     args = ["upgrade", "--install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--create-namespace"]
+    given = ["--set", "operator.replicas=0"] if values is None else ["--values", "-"]
     done = subprocess.run(
         # --take-ownership: objects of the chart's names applied without helm (crds/, examples/) are
         # adopted rather than refused, as an admin upgrading from a kubectl-applied install expects.
-        [*helm, *args, "--skip-crds", "--take-ownership", "--set", "operator.replicas=0"],
+        [*helm, *args, "--skip-crds", "--take-ownership", *given],
+        input=json.dumps(values or {}),
         capture_output=True,
         text=True,
         check=False,

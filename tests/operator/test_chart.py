@@ -286,17 +286,7 @@ def test_crds_apply_upgrades_an_older_crd_under_the_hooks_rbac(cluster: Cluster,
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
     try:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-        current = next(
-            c
-            for c in generate.crds()
-            if c["kind"] == "CustomResourceDefinition" and "servicetiers" in c["metadata"]["name"]
-        )
-        older = json.loads(json.dumps(current))
-        older["spec"]["versions"][0]["additionalPrinterColumns"].pop()  # this version added "Age"
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(older))
-        assert _columns(cluster) == [
-            c["name"] for c in older["spec"]["versions"][0]["additionalPrinterColumns"]
-        ]
+        current = apply_older_servicetier_crd(cluster)
         kubeconfig = cluster.service_account_kubeconfig(namespace, "obs-strata-crds-upgrade")
         done = subprocess.run(
             [sys.executable, "-m", "strata", "crds", "apply", "--kubeconfig", str(kubeconfig)],
@@ -306,9 +296,7 @@ def test_crds_apply_upgrades_an_older_crd_under_the_hooks_rbac(cluster: Cluster,
         )
         assert done.returncode == 0, done.stderr
         assert "servicetiers.strata.dev: configured" in done.stdout
-        assert _columns(cluster) == [
-            c["name"] for c in current["spec"]["versions"][0]["additionalPrinterColumns"]
-        ]
+        assert printer_columns(cluster) == printer_columns_of(current)
         # The hook's ServiceAccount can touch nothing but Strata's CRDs.
         denied = cluster.kubectl(
             "auth",
@@ -328,9 +316,27 @@ def test_crds_apply_upgrades_an_older_crd_under_the_hooks_rbac(cluster: Cluster,
         )
 
 
-def _columns(cluster: Cluster) -> list[str]:
-    crd = cluster.kubectl_json("get", "crd", "servicetiers.strata.dev", "-o", "json")
+def printer_columns_of(crd: dict[str, Any]) -> list[str]:
     return [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+
+def printer_columns(cluster: Cluster) -> list[str]:
+    return printer_columns_of(cluster.kubectl_json("get", "crd", "servicetiers.strata.dev", "-o", "json"))
+
+
+def apply_older_servicetier_crd(cluster: Cluster) -> dict[str, Any]:
+    """Apply the ServiceTier CRD of an older chart version (without this version's last printer
+    column, "Age"); returns this version's."""
+    current = next(
+        c
+        for c in generate.crds()
+        if c["kind"] == "CustomResourceDefinition" and "servicetiers" in c["metadata"]["name"]
+    )
+    older = json.loads(json.dumps(current))
+    older["spec"]["versions"][0]["additionalPrinterColumns"].pop()
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(older))
+    assert printer_columns(cluster) == printer_columns_of(older)
+    return current
 
 
 CLUSTER_SCOPED = {

@@ -1,7 +1,7 @@
 """`helm install`, a second release beside the first, `helm upgrade` and `helm uninstall` on the
 test control plane, as docs/operator.md ("Upgrades and uninstall", "Several releases in one
 cluster") says they behave. The operator pods land on KWOK nodes (nothing runs): this is about
-what Helm creates, changes and removes."""
+what Helm creates, changes and removes; the CRD upgrade hook runs for real on the local node."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from typing import Any
 import pytest
 
 from strata.cluster import Cluster
+from strata.cluster.nodes import LOCAL_TOLERATION, POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
 from strata.stack import get, inference_service
 from strata.stack.chart import CHART, RELEASE, SYSTEM_NAMESPACE, install_chart, wait_admitted
+
+from .test_chart import apply_older_servicetier_crd, printer_columns, printer_columns_of
 
 pytestmark = pytest.mark.cluster
 
@@ -26,6 +29,12 @@ SECOND_RELEASE = (
     "operator.replicas=1",
 )
 POLICY = "strata-inferenceservice-tier-limits"
+# The operator's pods and the hook Job where the local pod runtime runs them (KWOK's nodes only
+# pretend: a Job there completes without running).
+ON_THE_LOCAL_NODE = (
+    f"--set-json=operator.tolerations={json.dumps([LOCAL_TOLERATION])}",
+    f"--set-json=operator.nodeSelector={json.dumps({POD_RUNTIME_LABEL: POD_RUNTIME_LOCAL})}",
+)
 
 
 def helm(cluster: Cluster, *args: str) -> str:
@@ -87,10 +96,12 @@ def test_two_releases_install_upgrade_and_uninstall_as_documented(
     args = get(cluster, "deployment", RELEASE, b)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={b}" in args and "--standalone" in args
 
-    # Changed values reach the objects (the hook Job applies this version's CRDs first).
-    release(
-        cluster, "upgrade", a, "operator.replicas=1", "serviceTiers.tiers.premium.cache.dram.maxSize=123Gi"
-    )
+    # An upgrade with changed values and a changed CRD: the pre-upgrade hook Job, run for real on
+    # the local node, applies this version's CRDs, then the values reach the objects.
+    current = apply_older_servicetier_crd(cluster)
+    tier = "serviceTiers.tiers.premium.cache.dram.maxSize=123Gi"
+    release(cluster, "upgrade", a, *ON_THE_LOCAL_NODE, "operator.replicas=0", tier)
+    assert printer_columns(cluster) == printer_columns_of(current)
     assert get(cluster, "servicetier", "premium")["spec"]["cache"]["dram"]["maxSize"] == "123Gi"
 
     wait_admitted(cluster, namespace=a)
