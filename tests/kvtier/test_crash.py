@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -48,13 +49,24 @@ def spawn(config_path: Path, socket_path: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 30
-    while not socket_path.exists():
+    # Accepting, not just bound: the socket file appears before listen(), and a writer that connected
+    # in between was refused and stopped before the kill (seen on a loaded machine).
+    deadline = time.monotonic() + 120
+    while not _accepts(socket_path):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"sidecar did not start: {proc.stderr.read() if proc.stderr else ''!r}")
         time.sleep(0.05)
     return proc
+
+
+def _accepts(socket_path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(socket_path))
+        except OSError:
+            return False
+    return True
 
 
 def test_sigkill_mid_write_loses_no_committed_block(root):

@@ -104,6 +104,7 @@ async def test_an_answer_is_not_retried_and_spent_retries_raise_the_last_error(s
     kube, metrics = client(await serve(not_found))
     assert await kube.get("v1", "Namespace", "team-a") is None
     assert sample(metrics, "strata_operator_api_retries_total", reason="server") == 0
+    await kube.close()  # before the fixture's server cleanup, which would otherwise close its connection
 
     async def always_busy(n: int) -> web.StreamResponse:
         return web.json_response({"reason": "ServiceUnavailable", "message": "busy"}, status=503)
