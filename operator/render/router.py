@@ -125,6 +125,9 @@ def _pod_spec(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
         "securityContext": pod_security_context(settings),
+        # The tier's, as its workers: no worker of the same or a lower tier can preempt the
+        # router its clients talk to, while a higher tier still comes first.
+        "priorityClassName": plan.priority_class,
         # the cluster's own (not the GPU taint's): routers need no GPU node
         "tolerations": [dict(t) for t in settings.tolerations],
         "topologySpreadConstraints": [

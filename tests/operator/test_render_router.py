@@ -129,6 +129,14 @@ def test_routers_tolerate_what_the_cluster_asks_but_never_take_a_gpu_node():
     assert "nvidia.com/gpu" not in json.dumps(pod)
 
 
+def test_routers_run_at_their_tiers_priority_so_their_own_workers_cannot_preempt_them():
+    for tier in ("premium", "batch"):
+        plan = plan_of(tier)
+        router = by_kind(plan)["Deployment"]["spec"]["template"]["spec"]
+        worker = render_workload(plan, OperatorSettings())["spec"]["template"]["spec"]
+        assert router["priorityClassName"] == worker["priorityClassName"] == names.priority_class_name(tier)
+
+
 def test_the_config_change_rolls_the_router_pods():
     first = by_kind(plan_of())["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     other = by_kind(plan_of(engine={"blockSize": 32}))["Deployment"]["spec"]["template"]["metadata"][
