@@ -24,7 +24,7 @@ import aiohttp
 from strata.operator import names
 from strata.operator.autoscale import wake
 from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
-from strata.operator.autoscale.cost import footprint, merge_usage, usage
+from strata.operator.autoscale.cost import Usage, footprint, merge_usage, usage
 from strata.operator.autoscale.decide import Decision, History, Observation, Policy, decide
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.autoscale.peering import is_active
@@ -225,34 +225,38 @@ class Autoscaler:
             self.telemetry.accrue(key, tier_name, usage(held, seconds))
 
     async def _write_usage(self) -> None:
-        """Add the cost accrued since the last write to each ServiceTier's status.usage. The base
-        is what this replica last wrote (the watch cache may not show it yet), else the tier's
-        status as the watch cache has it (the first write after taking over)."""
+        """Add the cost accrued since the last write to each ServiceTier's status.usage, onto the
+        tier as the watch cache has it and under that resourceVersion: a write by another release
+        (each adds its own namespaces' cost to the same cluster-scoped tier), or one the cache
+        does not show yet, is never overwritten; the cost waits for the next interval instead."""
         now = self.clock()
         if self._usage_written_at is not None and now - self._usage_written_at < self.usage_write_interval_s:
             return
         self._usage_written_at = now
         for tier_name, added in list(self.telemetry.unwritten.items()):
             tier = self.views.tier(tier_name)
-            if tier is None:
-                self.telemetry.unwritten.pop(tier_name, None)  # deleted: nothing to add it to
-                continue
-            base = self.telemetry.usage_written.get(tier_name) or (tier.get("status") or {}).get("usage")
-            merged = merge_usage(base, added, _rfc3339(datetime.now(UTC)))
-            path = object_path(names.API_VERSION, names.TIER_KIND, tier_name)
             try:
-                await self.kube.request(
-                    "PATCH",
-                    f"{path}/status",
-                    params={"fieldManager": FIELD_MANAGER},
-                    body={"status": {"usage": merged}},
-                    content_type=MERGE_PATCH,
-                )
+                done = tier is None or await self._add_usage(tier, added)
             except API_ERRORS as exc:
                 log.warning("autoscaler: usage of ServiceTier %s not written this time: %s", tier_name, exc)
                 continue
-            self.telemetry.unwritten.pop(tier_name, None)
-            self.telemetry.usage_written[tier_name] = merged
+            if done:  # written, or the tier is deleted: nothing to add it to
+                self.telemetry.unwritten.pop(tier_name, None)
+
+    async def _add_usage(self, tier: Mapping[str, Any], added: Mapping[str, Usage]) -> bool:
+        """False when the tier changed since the cache's copy (409 Conflict): nothing written."""
+        meta = tier["metadata"]
+        merged = merge_usage((tier.get("status") or {}).get("usage"), added, _rfc3339(datetime.now(UTC)))
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": {"usage": merged}}
+        path = object_path(names.API_VERSION, names.TIER_KIND, meta["name"])
+        try:
+            await self._patch(f"{path}/status", body)
+        except KubeError as exc:
+            if exc.status == 409:
+                log.info("autoscaler: ServiceTier %s changed since read; its usage waits", meta["name"])
+                return False
+            raise
+        return True
 
     async def _patch_status(self, isvc: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         await self._merge_patch(isvc, "status", {"status": status})
@@ -261,12 +265,12 @@ class Autoscaler:
         """A merge patch of one of the service's subresources under the autoscaler's own manager."""
         meta = isvc["metadata"]
         path = object_path(names.API_VERSION, names.ISVC_KIND, meta["name"], meta["namespace"])
+        await self._patch(f"{path}/{subresource}", body)
+
+    async def _patch(self, path: str, body: Mapping[str, Any]) -> None:
+        """A merge patch under the autoscaler's own field manager."""
         await self.kube.request(
-            "PATCH",
-            f"{path}/{subresource}",
-            params={"fieldManager": FIELD_MANAGER},
-            body=body,
-            content_type=MERGE_PATCH,
+            "PATCH", path, params={"fieldManager": FIELD_MANAGER}, body=body, content_type=MERGE_PATCH
         )
 
     async def _scale(

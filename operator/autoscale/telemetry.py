@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -39,8 +38,6 @@ class Telemetry(Collector):
     scalings: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)
     # Cost accrued since the last write of each ServiceTier's status.usage: tier -> namespace -> usage.
     unwritten: dict[str, dict[str, Usage]] = field(default_factory=dict)
-    # What this replica last wrote to each tier's status.usage: the base of its next write.
-    usage_written: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def state(self, key: ServiceKey, tier: str) -> ServiceState:
         state = self.services.get(key)
@@ -64,7 +61,6 @@ class Telemetry(Collector):
         self.active = False
         self.services.clear()
         self.unwritten.clear()
-        self.usage_written.clear()
 
     def collect(self) -> Iterator[Metric]:
         if not self.active:

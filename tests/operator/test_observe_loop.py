@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.events import RecordedEvents
-from strata.operator.kube import KubeClient, Obj
+from strata.operator.kube import KubeClient, KubeError, Obj
 from strata.operator.views import IndexViews, PodRef
 from strata.stack.manifests import inference_service
 from tests.operator.pod_ips import NOBODY, serve_as_pod
@@ -51,7 +51,9 @@ class FakeKube(KubeClient):
         self.isvc["metadata"].update(namespace="team-a", uid="u1")
         self.isvc["status"] = {"replicas": 1, "readyReplicas": 1, "desiredReplicas": 1}
         self.tier: Obj = yaml.safe_load((ROOT / "examples" / "servicetiers" / "standard.yaml").read_text())
+        self.tier["metadata"]["resourceVersion"] = "7"
         self.patches: list[tuple[str, Any]] = []
+        self.conflicts = 0  # how many tier status patches to refuse with 409 Conflict
         self.ip = NOBODY  # the pod's IP, where the test's worker serves its metrics
 
     @property
@@ -64,6 +66,9 @@ class FakeKube(KubeClient):
         )
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Obj:
+        if path.endswith("servicetiers/standard/status") and self.conflicts:
+            self.conflicts -= 1
+            raise KubeError(409, "Conflict", "the object has been modified")
         self.patches.append((path, kwargs.get("body")))
         return {}
 
@@ -85,8 +90,8 @@ async def worker(clock: Clock) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def two_intervals() -> tuple[FakeKube, Autoscaler]:
-    clock, kube = Clock(), FakeKube()
+async def two_intervals(kube: FakeKube | None = None) -> tuple[FakeKube, Autoscaler]:
+    clock, kube = Clock(), kube or FakeKube()
     async with worker(clock) as pod_ip:
         kube.ip = pod_ip
         scaler = Autoscaler(
@@ -142,3 +147,36 @@ async def test_the_tiers_status_usage_accumulates_per_namespace() -> None:
         }
     ]
     assert scaler.telemetry.unwritten == {}
+
+
+def tier_patches(kube: FakeKube) -> list[Any]:
+    return [b for p, b in kube.patches if p.endswith("servicetiers/standard/status")]
+
+
+async def test_usage_is_added_to_what_another_release_wrote_under_its_resource_version() -> None:
+    """Two releases (disjoint watchNamespaces) share the cluster-scoped tier: each adds its own
+    namespaces' cost to the tier as it is, and only if nobody wrote in between."""
+    kube = FakeKube()
+    theirs = {
+        "namespace": "team-b",
+        "gpuSeconds": 100.0,
+        "cacheGiBHours": {"dram": 1.0, "nvme": 0.0, "shared": 0.0},
+    }
+    kube.tier["status"] = {
+        "usage": {"since": "2026-11-30T00:00:00Z", "gpuSeconds": 100.0, "namespaces": [theirs]}
+    }
+    kube, _ = await two_intervals(kube)
+    (body,) = tier_patches(kube)
+    assert body["metadata"] == {"resourceVersion": "7"}
+    usage = body["status"]["usage"]
+    assert usage["gpuSeconds"] == 120.0 and usage["since"] == "2026-11-30T00:00:00Z"
+    assert [n["namespace"] for n in usage["namespaces"]] == ["team-a", "team-b"]
+    assert usage["namespaces"][1] == theirs
+
+
+async def test_a_tier_changed_since_the_cache_keeps_its_usage_for_the_next_write() -> None:
+    kube = FakeKube()
+    kube.conflicts = 1
+    kube, scaler = await two_intervals(kube)
+    assert tier_patches(kube) == []
+    assert scaler.telemetry.unwritten["standard"]["team-a"].gpu_seconds == 20.0
