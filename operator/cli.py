@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nvme-volume", choices=["ephemeral", "hostPath"], help="local NVMe volume source")
     p.add_argument("--nvme-host-path", help="host directory for --nvme-volume hostPath")
     p.add_argument("--tolerations", help="JSON list of extra tolerations for worker pods")
+    p.add_argument("--router-node-selector", help='JSON nodeSelector of the router pods, {"label": "value"}')
+    p.add_argument("--router-resources", help='JSON resources of the routers, {"requests": {"cpu": "250m"}}')
     p.add_argument(
         "--image-pull-secrets", help='JSON list of worker image pull secrets, [{"name": "regcred"}]'
     )
@@ -56,6 +58,8 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
             "nvme_volume": args.nvme_volume,
             "nvme_host_path": args.nvme_host_path,
             "tolerations": args.tolerations,
+            "router_node_selector": args.router_node_selector,
+            "router_resources": args.router_resources,
             "image_pull_secrets": args.image_pull_secrets,
             "autoscale_interval_s": args.autoscale_interval,
         }

@@ -2,7 +2,8 @@
 
 The InferenceService and its ServiceTier say *what* a service needs; these settings say *how*
 this particular cluster provides it (worker image, whether local NVMe comes from a volume
-provisioner or from a host directory, extra tolerations for GPU node taints)."""
+provisioner or from a host directory, extra tolerations for GPU node taints, where the routers
+run)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from strata.operator.api.base import DNS_SUBDOMAIN
+from strata.operator.api.quantity import QUANTITY_PATTERN
 
 NvmeVolumeMode = Literal["ephemeral", "hostPath"]
 NVME_VOLUME_MODES: tuple[NvmeVolumeMode, ...] = ("ephemeral", "hostPath")
@@ -25,6 +27,22 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
+class Resources:
+    """A container's requests and limits (a quantity per resource name), as a pod spells them."""
+
+    requests: tuple[tuple[str, str], ...] = ()
+    limits: tuple[tuple[str, str], ...] = ()
+
+    def manifest(self) -> dict[str, dict[str, str]]:
+        parts = (("requests", self.requests), ("limits", self.limits))
+        return {name: dict(quantities) for name, quantities in parts if quantities}
+
+
+# A router proxies and tokenizes; it holds no KV cache and needs no GPU.
+ROUTER_RESOURCES = Resources(requests=(("cpu", "250m"), ("memory", "256Mi")), limits=(("memory", "1Gi"),))
+
+
+@dataclass(frozen=True)
 class OperatorSettings:
     worker_image: str = "ghcr.io/strata-dev/strata-worker:0.1.0"
     image_pull_policy: str = "IfNotPresent"
@@ -33,6 +51,10 @@ class OperatorSettings:
     nvme_volume: NvmeVolumeMode = "ephemeral"
     nvme_host_path: str = "/var/lib/strata/nvme"
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    # The routers' nodeSelector, as (label, value) pairs: routers need no GPU, and without one
+    # the scheduler may put them on GPU nodes (or, in a test cluster, on nodes that run nothing).
+    router_node_selector: tuple[tuple[str, str], ...] = ()
+    router_resources: Resources = ROUTER_RESOURCES
     # Secret names for pulling the worker image; each must exist in every tenant namespace.
     image_pull_secrets: tuple[str, ...] = ()
     # How long a replica's peering record stays valid without a refresh: a killed active replica
@@ -54,6 +76,8 @@ _ENV = {
     "nvme_volume": "STRATA_NVME_VOLUME",
     "nvme_host_path": "STRATA_NVME_HOST_PATH",
     "tolerations": "STRATA_TOLERATIONS",
+    "router_node_selector": "STRATA_ROUTER_NODE_SELECTOR",
+    "router_resources": "STRATA_ROUTER_RESOURCES",
     "image_pull_secrets": "STRATA_IMAGE_PULL_SECRETS",
     "peering_lifetime_s": "STRATA_PEERING_LIFETIME_S",
     "metrics_port": "STRATA_METRICS_PORT",
@@ -92,6 +116,10 @@ def _convert(key: str, raw: str) -> Any:
         return _tolerations(raw)
     if key == "image_pull_secrets":
         return _pull_secrets(raw)
+    if key == "router_node_selector":
+        return _node_selector(raw)
+    if key == "router_resources":
+        return _resources(raw)
     if key in (
         "peering_lifetime_s",
         "metrics_port",
@@ -115,11 +143,15 @@ def _positive_number(key: str, raw: str) -> int:
     return value
 
 
-def _tolerations(raw: str) -> tuple[Mapping[str, Any], ...]:
+def _json(var: str, raw: str) -> Any:
     try:
-        parsed = json.loads(raw)
+        return json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise SettingsError(f"{_ENV['tolerations']}: not JSON ({exc.msg})") from None
+        raise SettingsError(f"{var}: not JSON ({exc.msg})") from None
+
+
+def _tolerations(raw: str) -> tuple[Mapping[str, Any], ...]:
+    parsed = _json(_ENV["tolerations"], raw)
     if not isinstance(parsed, list) or not all(isinstance(t, dict) for t in parsed):
         raise SettingsError(f"{_ENV['tolerations']}: must be a JSON list of toleration objects")
     return tuple(parsed)
@@ -128,10 +160,7 @@ def _tolerations(raw: str) -> tuple[Mapping[str, Any], ...]:
 def _pull_secrets(raw: str) -> tuple[str, ...]:
     """``[{"name": "regcred"}]``, as a pod's imagePullSecrets (and the chart's values) spell it."""
     var = _ENV["image_pull_secrets"]
-    try:
-        parsed = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"{var}: not JSON ({exc.msg})") from None
+    parsed = _json(var, raw)
     if not isinstance(parsed, list):
         raise SettingsError(f'{var}: must be a JSON list like [{{"name": "regcred"}}]')
     names: list[str] = []
@@ -141,3 +170,40 @@ def _pull_secrets(raw: str) -> tuple[str, ...]:
             raise SettingsError(f'{var}: {item!r} is not {{"name": <Secret name>}}')
         names.append(name)
     return tuple(names)
+
+
+def _json_object(var: str, raw: str, example: str) -> dict[str, Any]:
+    parsed = _json(var, raw)
+    if not isinstance(parsed, dict):
+        raise SettingsError(f"{var}: must be a JSON object like {example}")
+    return parsed
+
+
+def _node_selector(raw: str) -> tuple[tuple[str, str], ...]:
+    """``{"label": "value", ...}``, as a pod's nodeSelector (and the chart's values) spell it."""
+    var = _ENV["router_node_selector"]
+    parsed = _json_object(var, raw, '{"pool": "cpu"}')
+    for label, value in parsed.items():
+        if not isinstance(value, str):
+            raise SettingsError(f"{var}: the value of {label!r} must be a string, got {value!r}")
+    return tuple(sorted(parsed.items()))
+
+
+def _resources(raw: str) -> Resources:
+    """``{"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}}``, as a container spells it."""
+    var = _ENV["router_resources"]
+    parsed = _json_object(var, raw, '{"requests": {"cpu": "250m"}}')
+    unknown = sorted(set(parsed) - {"requests", "limits"})
+    if unknown:
+        raise SettingsError(f"{var}: unknown key(s) {unknown}; only requests and limits")
+    parts = {part: _quantities(f"{var}: {part}", parsed.get(part) or {}) for part in ("requests", "limits")}
+    return Resources(**parts)
+
+
+def _quantities(where: str, given: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(given, dict):
+        raise SettingsError(f"{where}: must be an object of quantities, got {given!r}")
+    for name, value in given.items():
+        if not isinstance(value, str) or not re.match(QUANTITY_PATTERN, value):
+            raise SettingsError(f"{where}: {name} {value!r} is not a quantity such as '250m' or '1Gi'")
+    return tuple(sorted(given.items()))

@@ -10,6 +10,7 @@ from typing import Any
 
 from strata.operator.api.base import DNS_1035_LABEL, DNS_LABEL, DNS_SUBDOMAIN
 from strata.operator.api.models import ServiceTierSpec
+from strata.operator.api.quantity import QUANTITY_PATTERN
 from strata.operator.api.schema import structural_schema
 
 JsonDict = dict[str, Any]
@@ -50,6 +51,11 @@ def free_map(description: str) -> JsonDict:
 
 def string_map(description: str) -> JsonDict:
     return {"type": "object", "description": description, "additionalProperties": {"type": "string"}}
+
+
+def quantity_map(description: str) -> JsonDict:
+    quantity = {"type": "string", "pattern": QUANTITY_PATTERN}
+    return {"type": "object", "description": description, "additionalProperties": quantity}
 
 
 def object_list(description: str) -> JsonDict:
@@ -134,6 +140,18 @@ def worker_schema() -> JsonDict:
     )
 
 
+def router_schema() -> JsonDict:
+    return obj(
+        "Operator settings for the router pods it renders (they take worker.tolerations too).",
+        nodeSelector=string_map("nodeSelector of the router pods (they need no GPU)."),
+        resources=obj(
+            "Resources of the router container.",
+            requests=quantity_map("Requests (cpu, memory)."),
+            limits=quantity_map("Limits (cpu, memory)."),
+        ),
+    )
+
+
 def monitoring_schema() -> JsonDict:
     interval = string("Scrape interval (a Prometheus duration).", pattern="^[0-9]+(ms|s|m|h)$")
     return obj(
@@ -180,6 +198,7 @@ def values_schema() -> JsonDict:
         imagePullSecrets=pull_secrets("Secrets for the operator image, in the release namespace."),
         operator=operator_schema(),
         worker=worker_schema(),
+        router=router_schema(),
         serviceTiers=obj(
             "The default ServiceTiers.",
             install=boolean("Install the default tiers."),

@@ -141,6 +141,8 @@ def _pod_spec(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "containers": [_container(plan, settings)],
         "volumes": _volumes(plan),
     }
+    if settings.router_node_selector:
+        spec["nodeSelector"] = dict(settings.router_node_selector)
     secrets = pod_overrides(plan, settings).get("imagePullSecrets")
     if secrets:
         spec["imagePullSecrets"] = secrets  # the same image as the workers
@@ -160,7 +162,7 @@ def _container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "args": LISTEN_ON_POD_IP,  # as the workers: on the local pod runtime pods share a host
         "ports": [{"name": "http", "containerPort": plan.router.port, "protocol": "TCP"}],
         "env": [*pod_env(), *api_key_env(plan)],  # POD_IP among pod_env's
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": settings.router_resources.manifest(),
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 60},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 2},

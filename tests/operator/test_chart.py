@@ -14,6 +14,7 @@ import yaml
 from strata.cluster import Cluster
 from strata.cluster.binaries import find_bin_dir
 from strata.operator.api import generate
+from strata.operator.settings import ROUTER_RESOURCES, settings_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "strata"
@@ -75,6 +76,7 @@ def test_chart_lints():
         ("worker.nvmeVolume=nfs", "/worker/nvmeVolume"),
         ("worker.imagePullSecrets[0].nam=x", "/worker/imagePullSecrets/0"),
         ("serviceTiers.tiers.Gold.priority=1", "Gold"),
+        ("router.resources.requests.cpu=lots", "/router/resources/requests/cpu"),
     ],
 )
 def test_values_schema_refuses_bad_values_naming_them(value: str, named: str) -> None:
@@ -152,6 +154,24 @@ def test_pull_secrets_annotations_and_labels_reach_the_pods() -> None:
     assert json.loads(env["STRATA_IMAGE_PULL_SECRETS"]) == [{"name": "regcred"}]
     (sa,) = [s for s in by_kind(docs, "ServiceAccount") if s["metadata"]["name"] == "strata"]
     assert sa["metadata"]["annotations"] == {"iam.example/role": "strata"}
+
+
+def test_router_placement_and_resources_reach_the_operator_settings() -> None:
+    docs = render("router.nodeSelector.pool=cpu", "router.resources.requests.cpu=50m")
+    settings = settings_from_env(env_of(docs))
+    assert settings.router_node_selector == (("pool", "cpu"),)
+    assert settings.router_resources.manifest() == {
+        "requests": {"cpu": "50m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+    assert settings_from_env(env_of(render())).router_resources == ROUTER_RESOURCES
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    (deployment,) = by_kind(docs, "Deployment")
+    return {
+        e["name"]: e.get("value", "") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
 
 
 def test_fullname_override_names_every_object_and_the_peering_follows_the_release() -> None:

@@ -15,7 +15,7 @@ from strata.operator.render.configmap import render_configmap
 from strata.operator.render.router import POD_READER_RULES, render_router
 from strata.operator.render.workload import render_workload
 from strata.operator.resolve import ResolveInput, resolve
-from strata.operator.settings import OperatorSettings
+from strata.operator.settings import OperatorSettings, Resources
 from strata.router.config import RouterConfig
 from strata.router.discovery import pod_state
 from strata.worker.kv_connector import root_hash
@@ -182,3 +182,22 @@ def test_the_router_gets_the_workers_api_key_and_no_other_tenant_secret():
     assert (ref["name"], ref["key"]) == ("api", "key") and "envFrom" not in container
     (open_router,) = by_kind(plan_of())["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert "STRATA_API_KEY" not in {e["name"] for e in open_router["env"]}
+
+
+def test_routers_go_where_the_settings_select_and_anywhere_without():
+    selector = (("strata.dev/pod-runtime", "local"),)
+    placed = render_router(plan_of(), OperatorSettings(router_node_selector=selector))[-1]
+    assert placed["spec"]["template"]["spec"]["nodeSelector"] == {"strata.dev/pod-runtime": "local"}
+    anywhere = render_router(plan_of(), OperatorSettings())[-1]
+    assert "nodeSelector" not in anywhere["spec"]["template"]["spec"]
+
+
+def test_router_resources_come_from_the_settings():
+    default = render_router(plan_of(), OperatorSettings())[-1]["spec"]["template"]["spec"]["containers"][0]
+    assert default["resources"] == {
+        "requests": {"cpu": "250m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+    small = OperatorSettings(router_resources=Resources(requests=(("cpu", "50m"),)))
+    container = render_router(plan_of(), small)[-1]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"requests": {"cpu": "50m"}}

@@ -16,8 +16,12 @@ def test_environment_is_read():
             "STRATA_METRICS_PORT": "9191",
             "STRATA_TOLERATIONS": '[{"key": "a", "operator": "Exists"}]',
             "STRATA_IMAGE_PULL_SECRETS": '[{"name": "regcred"}, {"name": "mirror.creds"}]',
+            "STRATA_ROUTER_NODE_SELECTOR": '{"pool": "cpu", "kubernetes.io/os": "linux"}',
+            "STRATA_ROUTER_RESOURCES": '{"requests": {"cpu": "50m"}, "limits": {"memory": "1.5Gi"}}',
         }
     )
+    assert s.router_node_selector == (("kubernetes.io/os", "linux"), ("pool", "cpu"))
+    assert s.router_resources.manifest() == {"requests": {"cpu": "50m"}, "limits": {"memory": "1.5Gi"}}
     assert s.nvme_volume == "hostPath" and s.metrics_port == 9191
     assert s.tolerations == ({"key": "a", "operator": "Exists"},)
     assert s.image_pull_secrets == ("regcred", "mirror.creds")
@@ -37,6 +41,12 @@ def test_environment_is_read():
         ("image_pull_secrets", '{"name": "x"}', "JSON list"),
         ("image_pull_secrets", '["regcred"]', "is not"),
         ("image_pull_secrets", '[{"name": "Bad_Name"}]', "Bad_Name"),
+        ("router_node_selector", "pool=cpu", "STRATA_ROUTER_NODE_SELECTOR: not JSON"),
+        ("router_node_selector", '["pool"]', "JSON object"),
+        ("router_node_selector", '{"pool": 1}', "value of 'pool' must be a string"),
+        ("router_resources", '{"request": {}}', r"STRATA_ROUTER_RESOURCES: unknown key\(s\) \['request'\]"),
+        ("router_resources", '{"requests": {"cpu": "lots"}}', "requests: cpu 'lots' is not a quantity"),
+        ("router_resources", '{"limits": ["1Gi"]}', "limits: must be an object"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(key, value, fragment):
@@ -49,6 +59,8 @@ def test_flags_override_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_NVME_VOLUME", "hostPath")
     s = build_settings(parser().parse_args(["--worker-image", "from-flag:2"]))
     assert s.worker_image == "from-flag:2" and s.nvme_volume == "hostPath"
+    s = build_settings(parser().parse_args(["--router-node-selector", '{"pool": "cpu"}']))
+    assert s.router_node_selector == (("pool", "cpu"),)
 
 
 @pytest.mark.parametrize(
