@@ -2,7 +2,8 @@
 
 It serves, on ``$POD_IP:$PORT``, a JSON report of what the container sees (hostname, selected
 environment variables, files, the size of a mount, who the API server says its token belongs
-to), and on SIGTERM logs it and exits after ``$TERM_DELAY_S`` seconds (or never, when negative).
+to), and on SIGTERM logs it and exits after ``$TERM_DELAY_S`` seconds (or never, when negative),
+answering 503 meanwhile when ``$TERM_UNHEALTHY`` is set (as a draining worker fails its probes).
 """
 
 from __future__ import annotations
@@ -74,10 +75,13 @@ def report() -> dict[str, Any]:
     }
 
 
+DRAINING = threading.Event()
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         body = json.dumps(report()).encode()
-        self.send_response(200)
+        self.send_response(503 if DRAINING.is_set() and os.environ.get("TERM_UNHEALTHY") else 200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -90,8 +94,14 @@ class Handler(BaseHTTPRequestHandler):
 def on_term(signum: int, frame: FrameType | None) -> None:
     delay = float(os.environ.get("TERM_DELAY_S", "0"))
     print(f"podapp: got SIGTERM, exiting in {delay}s", flush=True)
+    DRAINING.set()
     if delay >= 0:
-        threading.Timer(delay, lambda: os._exit(0)).start()
+        threading.Timer(delay, exit_now).start()
+
+
+def exit_now() -> None:
+    print("podapp: exiting", flush=True)
+    os._exit(0)
 
 
 def main() -> int:

@@ -207,6 +207,27 @@ def test_deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_period(
     assert "got SIGTERM" in cluster.container_log(namespace, "stubborn", "app")
 
 
+def test_a_pod_shutting_down_is_not_killed_for_failing_liveness_while_it_drains(
+    cluster: Cluster, namespace: str
+) -> None:
+    probe = {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1, "failureThreshold": 1}
+    draining = app(env=[{"name": "TERM_DELAY_S", "value": "4"}, {"name": "TERM_UNHEALTHY", "value": "1"}])
+    started = {**probe, "failureThreshold": 300}  # liveness from the first answer on
+    probes = {"startupProbe": started, "livenessProbe": probe}
+    pod = local_pod("draining", [{**draining, **probes}], terminationGracePeriodSeconds=60)
+    cluster.apply(pod, namespace)
+    ready_pod(cluster, namespace, "draining")
+    cluster.kubectl("delete", "pod", "draining", "-n", namespace, "--wait=false")
+    eventually(lambda: get_pod(cluster, namespace, "draining") is None, "the pod object removed")
+    log = cluster.container_log(namespace, "draining", "app")
+    assert "got SIGTERM" in log and "podapp: exiting" in log, log  # drained its 4 s, not killed
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=draining", "-o", "json"
+    ).stdout
+    messages = [e["message"] for e in json.loads(events)["items"]]
+    assert not [m for m in messages if "failed liveness probe" in m], messages
+
+
 def test_pods_that_finish_report_succeeded_and_failed_with_exit_codes(
     cluster: Cluster, namespace: str
 ) -> None:

@@ -226,6 +226,8 @@ class PodWorker:
         await asyncio.sleep(probe.initial_delay_seconds)
         state = probing.tracker(kind, probe)
         while True:
+            if kind != "readiness" and (self.pod.terminating or self.deleted):
+                return  # as the kubelet: a pod shutting down is not restarted for failing liveness
             ok = await probing.check(probe, target)
             new = probing.observe(state, ok)
             if not ok and new.failures == 1:
