@@ -11,6 +11,11 @@ tolerance nothing changes; otherwise the recommendation is ceil(current * ratio)
   which more replicas would not shorten (the strata sim runs on the Mooncake traces showed the
   service pinned at maxReplicas otherwise; docs/autoscaling.md).
 
+A woken service whose replicas are all still starting, while its routers hold more requests than
+those replicas take in flight (``maxNumSeqs`` each), takes the tier's scale-up step at once: it
+demonstrably needs more, and waiting to measure the first replica costs a whole pod start-up
+(strata sim: a batch job waking from zero refused or missed half its requests otherwise).
+
 Recommendations are stabilised like the HPA's behaviour: scale up only to the lowest
 recommendation of the scale-up window and down only to the highest of the scale-down window.
 Then the step limits and the replica bounds apply. Zero is reached only by idleness, never by
@@ -46,6 +51,7 @@ class Policy:
     max_replicas: int = 16
     scale_to_zero: bool = False
     scale_to_zero_idle_s: float = 600.0
+    slots_per_replica: int = 64  # requests the router keeps in flight per replica: maxNumSeqs
 
     @property
     def keep_s(self) -> float:
@@ -71,6 +77,9 @@ class Policy:
             max_replicas=min(int(service_spec.get("maxReplicas", 1)), auto.max_replicas),
             scale_to_zero=auto.scale_to_zero,
             scale_to_zero_idle_s=float(auto.scale_to_zero_idle_seconds),
+            slots_per_replica=int(
+                (service_spec.get("engine") or {}).get("maxNumSeqs", cls.slots_per_replica)
+            ),
         )
 
 
@@ -83,9 +92,11 @@ class Observation:
     had_traffic: bool
     prefill_utilization: float | None = None
     requests_waiting: int | None = None  # None: unknown (TTFT then counts as before)
+    ready_replicas: int | None = None  # None: unknown
+    requests_held: float = 0.0  # at the routers, while no replica is ready
 
     @classmethod
-    def of(cls, agg: Aggregate, ready_replicas: int | None = None) -> Observation:
+    def of(cls, agg: Aggregate, ready_replicas: int | None = None, requests_held: float = 0.0) -> Observation:
         """``ready_replicas`` 0 (a woken service whose pod is still starting, with requests held
         at its routers) counts as traffic: idleness cannot be judged until a replica serves."""
         return cls(
@@ -94,6 +105,8 @@ class Observation:
             had_traffic=agg.had_traffic or ready_replicas == 0,
             prefill_utilization=agg.prefill_utilization,
             requests_waiting=agg.requests_waiting,
+            ready_replicas=ready_replicas,
+            requests_held=requests_held,
         )
 
 
@@ -138,6 +151,9 @@ def decide(current: int, seen: Observation, policy: Policy, history: History, no
         idle_s = now - (history.last_traffic if history.last_traffic is not None else history.started)
         reason = f"no traffic for {idle_s:.0f} s >= scaleToZeroIdleSeconds {policy.scale_to_zero_idle_s:.0f}"
         return Decision(0, 0, f"{reason}: {current} -> 0")
+    backlog = _backlog(current, seen, policy)
+    if backlog is not None:
+        return backlog
     ratio, why = _ratio(seen, policy, _utilization(seen, history, now))
     if ratio is None or current == 0:
         # Nothing to scale on, or scaled to zero (a request wakes the service, not this loop).
@@ -160,6 +176,24 @@ def decide(current: int, seen: Observation, policy: Policy, history: History, no
         note = f"clamped to [{floor}, {policy.max_replicas}]"
     reason = f"{why}: {current} -> {target}" + (f" ({note})" if note else "")
     return Decision(target, recommendation, reason)
+
+
+def backlog(current: int, held: float, policy: Policy) -> int | None:
+    """Replicas for a service none of whose ``current`` replicas is ready yet, while its routers
+    hold ``held`` requests: the tier's step more when they hold more than those replicas take in
+    flight; None when they do not (or the step is spent)."""
+    if current <= 0 or held <= current * policy.slots_per_replica:
+        return None
+    target = min(current + policy.max_scale_up_step, policy.max_replicas)
+    return target if target > current else None
+
+
+def _backlog(current: int, seen: Observation, policy: Policy) -> Decision | None:
+    target = backlog(current, seen.requests_held, policy) if seen.ready_replicas == 0 else None
+    if target is None:
+        return None
+    why = f"{seen.requests_held:.0f} requests held at the router, no replica ready"
+    return Decision(target, target, f"{why}: {current} -> {target} (max step {policy.max_scale_up_step})")
 
 
 def _utilization(seen: Observation, history: History, now: float) -> float | None:

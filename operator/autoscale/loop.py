@@ -289,7 +289,10 @@ class Autoscaler:
             log.warning("autoscaler: %s/%s not scaled: %s", meta["namespace"], meta["name"], exc)
             return
         history = self.histories.setdefault(uid, History(started=now))
-        seen = Observation.of(agg, ready_replicas=len(self.scrapes[uid].pods))
+        ready = len(self.scrapes[uid].pods)
+        # woken, no replica ready yet: how many requests its routers hold says whether one is enough
+        held = await wake.held_requests(self, isvc) if ready == 0 and current > 0 else 0.0
+        seen = Observation.of(agg, ready_replicas=ready, requests_held=held)
         decision = decide(current, seen, policy, history, now)
         utilization = seen.prefill_utilization
         history.record(now, decision.recommendation, seen.had_traffic, policy.keep_s, utilization)

@@ -1,7 +1,8 @@
 """Waking a service scaled to zero: its routers hold requests while no replica is ready and count
 them (``strata_router_held_requests``); the autoscaler reads that count from the ready router pods
-(from the operator's watch cache, like the worker pods) and scales the service to one. The router
-itself has no write permission.
+(from the operator's watch cache, like the worker pods) and scales the service to one, or by the
+tier's scale-up step more when they hold more than one replica takes in flight
+(``decide.backlog``). The router itself has no write permission.
 
 ``wake_to`` is the decision (pure); ``wake`` is the autoscaler loop's hook.
 """
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from strata.operator.autoscale.decide import History
+from strata.operator.autoscale.decide import History, Policy, backlog
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.autoscale.pods import metrics_url
 from strata.operator.events import EventSink
@@ -45,11 +46,15 @@ def current_replicas(spec: Mapping[str, Any]) -> int:
     return desired_replicas(int(spec.get("replicas", 1)), minimum, maximum)
 
 
-def wake_to(spec: Mapping[str, Any], held: float) -> int | None:
-    """Replicas to scale a service at zero to when its routers hold requests; None otherwise."""
+def wake_to(spec: Mapping[str, Any], held: float, policy: Policy | None = None) -> int | None:
+    """Replicas to scale a service at zero to when its routers hold requests; None otherwise.
+    One (or minReplicas), or with the tier's ``policy``, its scale-up step more when they hold
+    more requests than one replica takes in flight (``decide.backlog``)."""
     if current_replicas(spec) > 0 or held <= 0:
         return None
-    return min(int(spec.get("maxReplicas", 1)), max(1, int(spec.get("minReplicas", 1))))
+    first = min(int(spec.get("maxReplicas", 1)), max(1, int(spec.get("minReplicas", 1))))
+    more = backlog(first, held, policy) if policy is not None else None
+    return more if more is not None else first
 
 
 class Scaler(Protocol):
@@ -97,7 +102,7 @@ async def wake(scaler: Scaler, isvc: Mapping[str, Any], uid: str) -> bool:
     if current_replicas(spec) > 0:
         return False  # not at zero: nothing to scrape for
     held = await held_requests(scaler, isvc)
-    target = wake_to(spec, held)
+    target = wake_to(spec, held, _policy(scaler, spec))
     if target is None:
         return False
     reason = f"{held:.0f} requests held at the router while at zero: 0 -> {target}"
@@ -112,3 +117,12 @@ async def wake(scaler: Scaler, isvc: Mapping[str, Any], uid: str) -> bool:
     scaler.events(isvc, "Normal", "Scaled", reason)
     log.info("autoscaler: %s/%s %s", isvc["metadata"]["namespace"], isvc["metadata"]["name"], reason)
     return True
+
+
+def _policy(scaler: Scaler, spec: Mapping[str, Any]) -> Policy | None:
+    """The service's tier policy; None when the tier is missing or invalid (then one replica)."""
+    tier = scaler.views.tier(str(spec.get("tier", "standard")))
+    try:
+        return Policy.of(tier.get("spec"), spec) if tier is not None else None
+    except ValueError:
+        return None

@@ -39,7 +39,14 @@ class Step:
 
 
 class Engine:
-    def __init__(self, cache: ReplicaCache, profile: Profile, tally: Tally, now: float) -> None:
+    def __init__(
+        self,
+        cache: ReplicaCache,
+        profile: Profile,
+        tally: Tally,
+        now: float,
+        queue_timeout_s: float | None = None,  # the tier's queue TTL; None: the profile's
+    ) -> None:
         self.cache = cache
         self.profile = profile
         self.tally = tally
@@ -48,6 +55,7 @@ class Engine:
         self.running: list[Seq] = []
         self.clock = now  # when the step in progress ends (or, idle, the last time advanced to)
         self.capacity_tokens = cache.hbm.num_blocks * self.block
+        self.queue_timeout_s = profile.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
 
     # ---- what the router and the autoscalers read ----
 
@@ -101,7 +109,7 @@ class Engine:
     # ---- one step ----
 
     def _expire(self) -> None:
-        limit = self.clock - self.profile.queue_timeout_s
+        limit = self.clock - self.queue_timeout_s
         i = 0
         while i < len(self.waiting) and self.waiting[i].replica_arrival_s < limit:
             if self.waiting[i].generated:  # preempted after its first token: resumed, never refused
@@ -244,7 +252,7 @@ class Engine:
         growth = p.decode_context_token_s * batch
         limit = until
         if self.waiting:  # running is full: stop where the queue's head would time out
-            limit = min(limit, self.waiting[0].replica_arrival_s + p.queue_timeout_s)
+            limit = min(limit, self.waiting[0].replica_arrival_s + self.queue_timeout_s)
         k = min(to_block, min(s.req.output_tokens - s.generated for s in self.running))
         k = max(1, min(k, _steps_before(first, growth, limit - self.clock)))
         self.clock += k * first + growth * k * (k - 1) / 2

@@ -2,8 +2,10 @@
 draining), the requests routed to them, and the Kubernetes behaviour in between: a scale-in
 drains the newest pod (a StatefulSet removes its highest ordinal), a pod holds its GPUs from
 scheduling until it has drained, priority preemption evicts lower tiers' pods (their requests go
-back through the router), and a service scaled to zero is woken by its first request, as a
-router or activator holding the request would.
+back through the router), requests wait at the router while no replica is ready or every
+replica's slots are taken (``strata.sim.gate``), and a service scaled to zero is woken by its
+first request where the policy's activator does that (the built-in autoscaler wakes it from its
+own loop, on the count of requests its routers hold).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from strata.sim.service import HOLDING, Pod, PodState, Sample, Scaling, Service
 from strata.sim.trace import Request
 
 Timer = Callable[[float, Callable[[float], None]], None]
+PUMP_S = 1.0  # how often the router's waiting requests look for a free slot between events
 
 
 class Fleet:
@@ -37,6 +40,9 @@ class Fleet:
         self.now = until
         if self._reap(until):
             self.reconcile(until)
+        for service in self.services:
+            if service.gate:
+                self.pump(service, until)
 
     def _reap(self, now: float) -> bool:
         """Drained pods let go of their GPUs."""
@@ -61,13 +67,40 @@ class Fleet:
         self.dispatch(service, service.seq(request, now), now)
 
     def dispatch(self, service: Service, seq: Seq, now: float) -> None:
+        """Through the router: to a replica with a free slot, else into the router's wait."""
         ready = service.in_state(PodState.READY)
-        if not ready:
-            service.held.append(seq)
-            if service.desired == 0:
-                self.scale(service, 1, now, "a request arrived while scaled to zero")
+        free = self._free(service, ready)
+        if free and not service.gate:
+            self._route(seq, free, now)
             return
-        engine = self.router.pick(seq, ready, now).engine
+        refused = service.gate.admit(seq, held=not ready, now=now)
+        if refused is not None:
+            service.outcomes.add(seq, refused, now)
+        elif len(service.gate) == 1:
+            self.timer(now + PUMP_S, lambda t: self._pump_tick(service, t))
+        if not ready and service.desired == 0 and service.wakes_on_arrival:
+            self.scale(service, 1, now, "a request arrived while scaled to zero")
+
+    def pump(self, service: Service, now: float) -> None:
+        """The router's waiting requests: the expired ones refused, the next ones to free slots."""
+        for seq, reason in service.gate.expire(now):
+            service.outcomes.add(seq, reason, now)
+        free = self._free(service)
+        while service.gate and free:
+            self._route(service.gate.pop(), free, now)
+            free = self._free(service, free)
+
+    def _pump_tick(self, service: Service, now: float) -> None:
+        if service.gate:  # the fleet advanced to now just before: pumped already; keep ticking
+            self.timer(now + PUMP_S, lambda t: self._pump_tick(service, t))
+
+    def _free(self, service: Service, pods: Sequence[Pod] | None = None) -> list[Pod]:
+        candidates = service.in_state(PodState.READY) if pods is None else pods
+        slots = service.gate.limits.slots
+        return [p for p in candidates if p.engine is not None and p.engine.in_flight < slots]
+
+    def _route(self, seq: Seq, free: Sequence[Pod], now: float) -> None:
+        engine = self.router.pick(seq, free, now).engine
         assert engine is not None
         engine.submit(seq, now)
 
@@ -141,9 +174,7 @@ class Fleet:
             return  # removed or preempted while starting
         pod.state, pod.ready_s = PodState.READY, now
         pod.engine = service.new_engine(now)
-        held, service.held = list(service.held), type(service.held)()
-        for seq in held:
-            self.dispatch(service, seq, now)
+        self.pump(service, now)
 
     def _preempt(self, service: Service, pod: Pod, now: float) -> None:
         """Evicted for a higher tier's pod: its requests go back through the router, and its

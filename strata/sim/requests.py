@@ -14,8 +14,10 @@ from strata.sim.trace import Request
 # autoscaler's p95 is interpolated from. That module imports the engine (torch); the test in
 # tests/sim/test_signals.py keeps this copy equal to it.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-Result = Literal["ok", "queue_full", "queue_timeout", "too_long", "unfinished"]
-REFUSALS: tuple[Result, ...] = ("queue_full", "queue_timeout", "too_long")
+# queue_full / queue_timeout: the worker's queue or the router's (429); hold_full / hold_timeout:
+# the router's hold while the service had no ready replica (503).
+Result = Literal["ok", "queue_full", "queue_timeout", "hold_full", "hold_timeout", "too_long", "unfinished"]
+REFUSALS: tuple[Result, ...] = ("queue_full", "queue_timeout", "hold_full", "hold_timeout", "too_long")
 
 
 @dataclass(eq=False)

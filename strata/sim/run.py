@@ -81,8 +81,10 @@ def simulate(scenario: Scenario, policy: str, scalers: ScalerFactory) -> RunResu
     deadline = last_arrival + TAIL_S
     fleet.warm_start(0.0)
     for service in services:
+        scaler = scalers(service)
+        service.wakes_on_arrival = getattr(scaler, "wakes_on_arrival", True)
         _feed(clock, fleet, service, 0)
-        _tick(clock, fleet, service, scalers(service), 0.0, deadline)
+        _tick(clock, fleet, service, scaler, 0.0, deadline)
     end = _loop(clock, fleet, last_arrival, deadline)
     fleet.finish(end)
     for service in services:
@@ -156,7 +158,7 @@ class _Sampler:
 
 def _idle(services: Sequence[Service]) -> bool:
     for service in services:
-        if service.held:
+        if service.gate:
             return False
         for pod in service.in_state(PodState.READY, PodState.DRAINING):
             if pod.engine is not None and pod.engine.busy:
@@ -166,7 +168,7 @@ def _idle(services: Sequence[Service]) -> bool:
 
 def _unfinished(service: Service, end: float) -> None:
     """Requests still queued or running when the run stops: they count, never vanish."""
-    seqs: list[Seq] = list(service.held)
+    seqs: list[Seq] = list(service.gate)
     for pod in service.in_state(PodState.READY, PodState.DRAINING):
         if pod.engine is not None:
             seqs += pod.engine.waiting + pod.engine.running

@@ -1,15 +1,15 @@
-"""One simulated InferenceService: its tier, its pods, the requests held while none is ready,
-and everything counted for the report."""
+"""One simulated InferenceService: its tier, its pods, the requests waiting at its router, and
+everything counted for the report."""
 
 from __future__ import annotations
 
 import enum
-from collections import deque
 from dataclasses import dataclass, field
 
 from strata.operator.api import ServiceTier, ServiceTierSpec
 from strata.sim.cache import ReplicaCache, key_of
 from strata.sim.engine import Engine
+from strata.sim.gate import Gate, Limits
 from strata.sim.profile import Profile
 from strata.sim.requests import Outcomes, Seq, Tally
 from strata.sim.tiers import LowerTiers, SharedTier, TierSizes
@@ -74,7 +74,8 @@ class Service:
     profile: Profile
     desired: int = 0
     pods: list[Pod] = field(default_factory=list)
-    held: deque[Seq] = field(default_factory=deque)
+    gate: Gate = field(init=False)  # the router's hold and queue
+    wakes_on_arrival: bool = True  # the policy's activator wakes it at the first request held
     outcomes: Outcomes = field(default_factory=Outcomes)
     scalings: list[Scaling] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
@@ -96,6 +97,7 @@ class Service:
         self.min_replicas = max(self.config.min_replicas, auto.min_replicas)
         self.max_replicas = min(self.config.max_replicas, auto.max_replicas)
         self.desired = min(max(self.config.replicas, self.min_replicas), self.max_replicas)
+        self.gate = Gate(Limits.of(spec, self.profile.max_num_seqs))
 
     @property
     def name(self) -> str:
@@ -125,7 +127,8 @@ class Service:
     def new_engine(self, now: float) -> Engine:
         tiers = LowerTiers(self.spec, self.sizes, self.shared)
         cache = ReplicaCache(self.hbm_blocks, self.block_tokens, self.block_bytes, tiers)
-        return Engine(cache, self.profile, Tally(self.outcomes), now)
+        # the operator sets the worker's queue timeout to the tier's queue TTL, as the router's
+        return Engine(cache, self.profile, Tally(self.outcomes), now, self.gate.limits.queue_s)
 
     def seq(self, request: Request, now: float) -> Seq:
         self.arrivals.append((now, request.input_tokens, request.output_tokens))

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from strata.operator.autoscale.decide import History, Observation, Policy, decide
+from strata.operator.autoscale.decide import History, Observation, Policy, backlog, decide
 from strata.operator.autoscale.peering import is_active
 from strata.operator.autoscale.signals import Aggregate
 
@@ -48,6 +48,19 @@ def test_ttft_over_target_scales_up_by_the_ratio_with_the_numbers_in_the_reason(
     # ratio 812 / 300 = 2.71 beats 0.5 / 0.75: ceil(2 * 2.71) = 6, capped by the step of 4.
     assert d.replicas == 6 and d.recommendation == 6
     assert d.reason == "TTFT p95 812 ms > target 300 ms: 2 -> 6"
+
+
+def test_a_woken_service_takes_the_step_while_more_requests_are_held_than_its_starting_pods_take():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "slots_per_replica": 8})
+    starting = Observation(None, None, True, ready_replicas=0, requests_held=20)
+    d = decide(2, starting, policy, fresh(), 100)
+    assert d.replicas == 6
+    assert d.reason == "20 requests held at the router, no replica ready: 2 -> 6 (max step 4)"
+    assert decide(3, starting, policy, fresh(), 100).replicas == 3  # 24 slots take the 20: wait
+    up = Observation(None, None, True, ready_replicas=1, requests_held=20)  # a replica serves: measure
+    assert decide(2, up, policy, fresh(), 100).replicas == 2
+    assert backlog(9, 1000, policy) == 10  # clamped to maxReplicas
+    assert backlog(10, 1000, policy) is None
 
 
 def test_kv_usage_over_target_scales_up():

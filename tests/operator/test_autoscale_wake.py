@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from strata.operator.autoscale import wake
+from strata.operator.autoscale.decide import Policy
 from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.events import RecordedEvents
@@ -37,6 +38,13 @@ from tests.operator.pod_ips import serve_as_pod
 )
 def test_a_service_at_zero_wakes_to_one_only_when_requests_are_held(spec, held, expected):
     assert wake.wake_to(spec, held) == expected
+
+
+def test_a_service_at_zero_holding_more_than_one_replica_takes_wakes_with_the_tiers_step():
+    spec = {"replicas": 0, "minReplicas": 0, "maxReplicas": 16, "engine": {"maxNumSeqs": 8}}
+    policy = Policy.of({"autoscaling": {"minReplicas": 0, "scaleToZero": True, "maxScaleUpStep": 4}}, spec)
+    assert wake.wake_to(spec, 8, policy) == 1  # one replica takes 8 in flight
+    assert wake.wake_to(spec, 9, policy) == 5
 
 
 def test_the_gauge_is_read_from_the_routers_exposition():

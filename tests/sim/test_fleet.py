@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from strata.sim.fleet import Fleet
+from strata.sim.fleet import PUMP_S, Fleet
 from strata.sim.router import Router
 from strata.sim.run import Clock
 from strata.sim.service import PodState, Service
@@ -58,10 +58,40 @@ def test_a_request_wakes_a_service_at_zero_and_waits_for_the_replica():
     fleet.warm_start(0.0)
     assert svc.desired == 0 and not svc.pods
     fleet.arrive(svc, svc.config.trace.requests[0], 1.0)
-    assert svc.desired == 1 and len(svc.held) == 1
+    assert svc.desired == 1 and len(svc.gate) == 1 and svc.gate.held == 1
     run_until(fleet, clock, 100.0)
     (done,) = svc.outcomes.items
     assert done.ttft_s == pytest.approx(FLAT.startup_s + FLAT.lone_prefill_s(100))
+
+
+def test_requests_past_a_replicas_slots_wait_at_the_router_and_go_as_slots_free():
+    deep = FLAT.model_copy(update={"max_queue_len": 64})  # the worker would queue them all
+    svc = service(trace((0.0, 100, 1, (1,))), profile=deep, replicas=1, max_replicas=1)
+    fleet, clock = fleet_of(svc)
+    fleet.warm_start(0.0)
+    for _ in range(FLAT.max_num_seqs + 3):
+        fleet.arrive(svc, svc.config.trace.requests[0], 0.0)
+    (pod,) = svc.pods
+    assert pod.engine is not None and pod.engine.in_flight == FLAT.max_num_seqs
+    assert len(svc.gate) == 3 and svc.gate.held == 0  # queued, not held: a replica is ready
+    run_until(fleet, clock, 10.0)
+    assert [o.result for o in svc.outcomes.items] == ["ok"] * (FLAT.max_num_seqs + 3)
+    assert not svc.gate
+
+
+def test_a_service_held_at_zero_refuses_past_the_routers_hold_limit_and_time():
+    svc = service(trace((0.0, 100, 1, (1,))), tier="batch", replicas=0, min_replicas=0)
+    svc.wakes_on_arrival = False  # nobody wakes it: the router's limits decide
+    fleet, clock = fleet_of(svc)
+    fleet.warm_start(0.0)
+    hold = svc.gate.limits
+    for _ in range(hold.hold_max + 2):
+        fleet.arrive(svc, svc.config.trace.requests[0], 0.0)
+    assert svc.desired == 0 and svc.gate.held == hold.hold_max
+    assert [o.result for o in svc.outcomes.items] == ["hold_full"] * 2
+    run_until(fleet, clock, hold.hold_s + 2 * PUMP_S)
+    assert not svc.gate and len(svc.outcomes.items) == hold.hold_max + 2
+    assert {o.result for o in svc.outcomes.items[2:]} == {"hold_timeout"}
 
 
 def test_a_premium_pod_preempts_a_batch_pod_whose_requests_are_retried():

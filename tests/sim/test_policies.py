@@ -80,6 +80,27 @@ def test_builtin_keeps_a_woken_service_whose_pod_starts_for_longer_than_the_idle
     assert svc.desired == 1 and all(v is None or v.replicas == 1 for v in verdicts)
 
 
+def test_builtin_wakes_a_service_at_zero_from_its_loop_by_the_requests_held():
+    svc = service(trace((0.0, 100, 1, (1,))), tier="batch", replicas=0, min_replicas=0, max_replicas=16)
+    policy = Builtin(svc)
+    fleet = Fleet([svc], 64, Router(random.Random(0)), Clock().at)
+    svc.wakes_on_arrival = policy.wakes_on_arrival
+    fleet.warm_start(0.0)
+    assert policy.decide(View(svc, 0.0)) is None  # at zero, nothing held: scraped, left alone
+    request = svc.config.trace.requests[0]
+    fleet.arrive(svc, request, 1.0)
+    assert svc.desired == 0 and svc.gate.held == 1  # the router holds it; nobody scaled yet
+    verdict = policy.decide(View(svc, 15.0))
+    assert verdict is not None and verdict.replicas == 1
+    assert verdict.reason == "1 requests held at the router while at zero: 0 -> 1"
+    fleet.scale(svc, verdict.replicas, 15.0, verdict.reason)
+    for _ in range(FLAT.max_num_seqs):  # more than its one starting replica takes in flight
+        fleet.arrive(svc, request, 20.0)
+    verdict = policy.decide(View(svc, 30.0))
+    assert verdict is not None and verdict.replicas == 9  # batch's scale-up step of 8
+    assert verdict.reason.startswith(f"{FLAT.max_num_seqs + 1} requests held at the router, no replica ready")
+
+
 def test_kv_threshold_adds_one_when_spare_kv_runs_low_but_not_while_one_starts():
     svc = ready_service(2)
     policy = Saturation()

@@ -56,10 +56,10 @@ class View:
         return found
 
     def in_flight(self) -> list[int]:
-        """Requests in each ready pod (running and waiting), plus those held for a replica."""
+        """Requests in each ready pod (running and waiting), plus those waiting at the router."""
         counts = [p.engine.in_flight for p in self.service.in_state(PodState.READY) if p.engine]
-        if self.service.held:
-            counts.append(len(self.service.held))
+        if self.service.gate:
+            counts.append(len(self.service.gate))
         return counts
 
     def load(self, seconds: float) -> Load:
@@ -90,6 +90,9 @@ _SLACK_S = 60.0
 
 
 class Scaler(Protocol):
+    """``wakes_on_arrival`` (optional, default True): a service at zero gets one replica at its
+    first request, as an activator does; False: the policy wakes it itself."""
+
     name: str
     interval_s: float
 

@@ -65,6 +65,6 @@ class Kpa:
         return sum(values) / len(values) if values else 0.0
 
     def _may_zero(self, view: View) -> bool:
-        if not self.zero_ok or view.service.held:
+        if not self.zero_ok or view.service.gate:
             return False
         return view.now - self.last_busy >= self.s.stable_s + self.s.zero_grace_s
