@@ -1,0 +1,108 @@
+"""Running the ``autoscale`` benchmark's tasks within a time budget, several at once, each in a
+process of its own, keeping every finished task's figures as a *part*
+(bench/results/autoscale-parts/<key>.json, with the fingerprint of the code it ran).
+
+A part whose fingerprint matches the code's is reused, so a benchmark cut short by its budget
+(``STRATA_BENCH_AUTOSCALE_BUDGET_S``, default 2 h) goes on where it stopped when run again; a
+task still running when the budget is spent is stopped and named in the result's ``not_run``,
+with a message saying how to finish. ``STRATA_BENCH_JOBS`` sets how many tasks run at once
+(default: the CPUs this process may use).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.context import SpawnProcess
+from pathlib import Path
+from typing import Any
+
+from bench.autoscale_scenario import Task, fingerprint
+
+PARTS = Path(__file__).parent / "results" / "autoscale-parts"
+BUDGET_S = float(os.environ.get("STRATA_BENCH_AUTOSCALE_BUDGET_S", 7200))
+POLL_S = 1.0
+Log = Callable[[str], None]
+
+
+def part_path(key: str, parts: Path = PARTS) -> Path:
+    return parts / (key.replace("/", "--").replace(" ", "_") + ".json")
+
+
+def load(key: str, stamp: str, parts: Path = PARTS) -> dict[str, Any] | None:
+    """A stored part, when it was computed by this code."""
+    path = part_path(key, parts)
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text())
+    figures: dict[str, Any] | None = stored["figures"] if stored.get("fingerprint") == stamp else None
+    return figures
+
+
+def run_all(
+    tasks: Sequence[Task],
+    budget_s: float = BUDGET_S,
+    jobs: int | None = None,
+    parts: Path = PARTS,
+    log: Log = print,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Every task's figures (reused or computed), and the keys of those not run in the budget."""
+    stamp = fingerprint()
+    done = {t.key: f for t in tasks if (f := load(t.key, stamp, parts)) is not None}
+    pending = [t for t in tasks if t.key not in done]
+    if done:
+        log(f"autoscale: {len(done)} of {len(tasks)} tasks reused from {parts} (fingerprint {stamp})")
+    jobs = jobs or int(os.environ.get("STRATA_BENCH_JOBS", 0)) or len(os.sched_getaffinity(0))
+    running: dict[str, tuple[SpawnProcess, float]] = {}
+    deadline = time.monotonic() + budget_s
+    context = multiprocessing.get_context("spawn")
+    while (pending or running) and time.monotonic() < deadline:
+        for task in _startable(pending, done, running, jobs):
+            needs = {key: done[key] for key in task.after}
+            process = context.Process(target=_child, args=(task, needs, stamp, parts), name=task.key)
+            process.start()
+            running[task.key] = (process, time.monotonic())
+            pending.remove(task)
+            log(f"autoscale: {task.key} started")
+        time.sleep(POLL_S)
+        for key, (process, started) in list(running.items()):
+            if process.is_alive():
+                continue
+            process.join()
+            del running[key]
+            figures = load(key, stamp, parts)
+            if figures is None:
+                log(f"autoscale: {key} FAILED (exit code {process.exitcode}); see the output above")
+                pending = [t for t in pending if key not in t.after]  # what needed it cannot run
+                continue
+            done[key] = figures
+            log(f"autoscale: {key} done in {time.monotonic() - started:.0f} s")
+    for process, _started in running.values():
+        process.terminate()
+        process.join()
+    not_run = sorted([*running, *(t.key for t in pending)])
+    not_run += sorted({t.key for t in tasks} - set(done) - set(not_run))
+    return done, not_run
+
+
+def _startable(
+    pending: Sequence[Task], done: dict[str, Any], running: dict[str, Any], jobs: int
+) -> list[Task]:
+    free = jobs - len(running)
+    ready = [t for t in pending if all(a in done for a in t.after)]
+    return ready[: max(0, free)]
+
+
+def _child(task: Task, needs: dict[str, dict[str, Any]], stamp: str, parts: Path) -> None:
+    figures = task.run(needs)
+    parts.mkdir(parents=True, exist_ok=True)
+    path = part_path(task.key, parts)
+    temporary = path.with_suffix(".tmp")
+    stored = {"key": task.key, "fingerprint": stamp, "figures": figures}
+    temporary.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    temporary.replace(path)
+    sys.stdout.flush()

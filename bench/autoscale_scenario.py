@@ -1,0 +1,127 @@
+"""What the ``autoscale`` benchmark simulates: a premium chat service and a batch job sharing a
+GPU budget, on both shared traces and both profiles, and the variants of its sweeps. Each run of
+the benchmark is one *task* (``Task``): a static sizing, or one policy on one scenario.
+
+``fingerprint`` hashes everything a task's figures depend on (this file, the simulator, the
+autoscaler's decision, the router's choice, the tier caches' policies, the default tiers and the
+traces): a task's stored part is reused only while it is unchanged (bench/autoscale_parts.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from strata.operator.api.generate import CHART_TIERS
+from strata.sim.scenario import REPO, TRACES_DIR, ScenarioFile, ServiceEntry
+
+TRACES = {"conversation": "mooncake_conversation.jsonl", "synthetic": "mooncake_synthetic.jsonl"}
+SPANS_S = {"conversation": 3537.0, "synthetic": 1022.0}
+# The CPU profile's `small` model prefills ~13x slower per token than an H100 runs an 8B model:
+# its runs replay the same requests with every token count divided by 16 (blocks of 32 tokens).
+TOKEN_SCALE = {"gpu": 1, "cpu": 16}
+GPUS = 24
+STARTUPS_S = (30.0, 120.0, 300.0)  # besides the profile's 60 s, which the matrix runs
+SPEED_REPLICAS = 8
+KPA_TARGETS = (2.0, 8.0)  # besides the default 4, which the matrix runs
+# Premium settings tried against the shipped ones (targetPrefillUtilization 0.2, windows 30 s up /
+# 300 s down, step 4): each changes one thing, or two.
+PREMIUM_VARIANTS: dict[str, dict[str, Any]] = {
+    "target 0.15": {"targetPrefillUtilization": 0.15},
+    "target 0.3": {"targetPrefillUtilization": 0.3},
+    "windows 0/600 s": {"scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSeconds": 600},
+    "scale-up window 0 s": {"scaleUpStabilizationSeconds": 0},
+    "step 8": {"maxScaleUpStep": 8},
+    "target 0.15, step 8": {"targetPrefillUtilization": 0.15, "maxScaleUpStep": 8},
+}
+HASHED = (
+    "bench/autoscale_scenario.py",
+    "strata/sim",
+    "operator/autoscale/decide.py",
+    "operator/autoscale/wake.py",
+    "operator/autoscale/signals.py",
+    "router/choose.py",
+    "router/weights.py",
+    "router/load.py",
+    "router/config.py",
+    "worker/kvtier",
+    "worker/engine/block_manager.py",
+    "charts/strata/files/servicetiers",
+)
+
+
+def scenario(
+    trace: str, profile: str, startup_s: float | None = None, tiers: str | None = None
+) -> ScenarioFile:
+    """Premium chat replays the whole trace; a batch job of ten minutes of the same trace,
+    submitted in five, arrives a third of the way in (and needs its replicas woken from zero)."""
+    spread = 3.0 if trace == "conversation" else 0.0  # that trace records arrivals in 3 s slots
+    common = {
+        "trace": TRACES[trace],
+        "token_scale": TOKEN_SCALE[profile],
+        "spread_s": spread,
+        "max_replicas": 16,
+    }
+    chat = ServiceEntry(name="chat", tier="premium", replicas=4, **common)
+    jobs = ServiceEntry(
+        name="jobs",
+        tier="batch",
+        duration_s=600.0,
+        time_scale=0.5,
+        offset_s=round(SPANS_S[trace] / 3),
+        min_replicas=0,
+        replicas=0,
+        **common,
+    )
+    return ScenarioFile(profile=profile, gpus=GPUS, startup_s=startup_s, tiers=tiers, services=[chat, jobs])
+
+
+def speed_scenario() -> ScenarioFile:
+    """The one-hour conversation trace through 8 static replicas of the GPU profile."""
+    chat = ServiceEntry(
+        name="chat",
+        tier="premium",
+        trace=TRACES["conversation"],
+        spread_s=3.0,
+        replicas=SPEED_REPLICAS,
+        max_replicas=SPEED_REPLICAS,
+    )
+    return ScenarioFile(profile="gpu", gpus=SPEED_REPLICAS, services=[chat])
+
+
+def tiers_with(folder: Path, premium: dict[str, Any]) -> str:
+    """The chart's default tiers in ``folder``, premium's autoscaling changed by ``premium``."""
+    for path in (REPO / CHART_TIERS).glob("*.yaml"):
+        tier = yaml.safe_load(path.read_text())
+        if tier["metadata"]["name"] == "premium":
+            tier["spec"]["autoscaling"].update(premium)
+        (folder / path.name).write_text(yaml.safe_dump(tier))
+    return str(folder)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run: ``key`` names its part; ``after`` are the keys whose parts it reads."""
+
+    key: str
+    run: Callable[[dict[str, Any]], dict[str, Any]]  # the parts it depends on -> its figures
+    after: tuple[str, ...] = field(default=())
+
+
+def fingerprint(root: Path = REPO) -> str:
+    digest = hashlib.sha256()
+    for name in HASHED:
+        path = root / name
+        files = sorted(path.rglob("*")) if path.is_dir() else [path]
+        for file in files:
+            if file.is_file() and "__pycache__" not in file.parts:
+                digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+    for trace in TRACES.values():
+        stat = (TRACES_DIR / trace).stat()
+        digest.update(f"{trace}:{stat.st_size}".encode())
+    return digest.hexdigest()[:16]
