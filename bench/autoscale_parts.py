@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +61,34 @@ def run_all(
     running: dict[str, tuple[SpawnProcess, float]] = {}
     deadline = time.monotonic() + budget_s
     context = multiprocessing.get_context("spawn")
+    stop = signal.signal(signal.SIGTERM, _exit)  # a terminated benchmark stops its tasks too
+    try:
+        pending = _loop(pending, done, running, deadline, jobs, (context, stamp, parts, log))
+    finally:
+        signal.signal(signal.SIGTERM, stop)
+        for process, _started in running.values():
+            process.terminate()
+            process.join()
+    not_run = sorted([*running, *(t.key for t in pending)])
+    not_run += sorted({t.key for t in tasks} - set(done) - set(not_run))
+    return done, not_run
+
+
+def _exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _loop(
+    pending: list[Task],
+    done: dict[str, dict[str, Any]],
+    running: dict[str, tuple[SpawnProcess, float]],
+    deadline: float,
+    jobs: int,
+    how: tuple[Any, str, Path, Log],
+) -> list[Task]:
+    """Start, watch and collect tasks until none is left or the deadline passes; returns the
+    tasks not started (``running`` keeps those still running)."""
+    context, stamp, parts, log = how
     while (pending or running) and time.monotonic() < deadline:
         for task in _startable(pending, done, running, jobs):
             needs = {key: done[key] for key in task.after}
@@ -81,12 +110,7 @@ def run_all(
                 continue
             done[key] = figures
             log(f"autoscale: {key} done in {time.monotonic() - started:.0f} s")
-    for process, _started in running.values():
-        process.terminate()
-        process.join()
-    not_run = sorted([*running, *(t.key for t in pending)])
-    not_run += sorted({t.key for t in tasks} - set(done) - set(not_run))
-    return done, not_run
+    return pending
 
 
 def _startable(
