@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from strata.operator import names
+from strata.operator.api.quantity import parse_quantity, quantity_fraction
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest, bytes_quantity
 from strata.operator.render.configmap import config_hash
@@ -18,6 +19,7 @@ LOCAL_NVME_LABEL = "strata.dev/local-nvme"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
 SIDECAR_CPU = "500m"
+FETCHER_CPU, FETCHER_MEMORY, FETCHER_MEMORY_LIMIT = "500m", "1Gi", "4Gi"  # the model download's
 # The engine and the sidecar listen on the pod IP (expanded by the kubelet from the POD_IP env var),
 # where probes, scrapes and routers reach them, rather than on every address of the node: where
 # pods share a network namespace (the test control plane's local nodes) two pods' ports collide.
@@ -124,10 +126,22 @@ def model_fetcher(plan: ServicePlan, settings: OperatorSettings) -> Manifest | N
             plan.worker.model.path,
         ],
         **tenant_env(plan),
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "resources": fetcher_resources(plan),
         "volumeMounts": engine_mounts(plan),
         "securityContext": container_security_context(),
     }
+
+
+def fetcher_resources(plan: ServicePlan) -> Manifest:
+    """At most what the engine asks: a pod's request is the larger of its biggest init container
+    and its running containers, so a download asking more would hold a node's CPU and memory,
+    unused, for the pod's whole life (a 100m CPU worker counted as 500m)."""
+    cpu, memory = FETCHER_CPU, FETCHER_MEMORY
+    if plan.cpu and quantity_fraction(plan.cpu) < quantity_fraction(cpu):
+        cpu = plan.cpu
+    if plan.memory and parse_quantity(plan.memory) < parse_quantity(memory):
+        memory = plan.memory
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": FETCHER_MEMORY_LIMIT}}
 
 
 def kvtier_sidecar(plan: ServicePlan, settings: OperatorSettings) -> Manifest | None:

@@ -114,6 +114,19 @@ def test_kvtier_is_a_native_sidecar_after_the_model_fetcher():
     assert sidecar["resources"]["limits"]["memory"] == "33280Mi"  # 32Gi + 512Mi
 
 
+@pytest.mark.parametrize(
+    ("engine", "fetcher"),
+    [
+        ({"cpu": "100m", "memory": "512Mi"}, {"cpu": "100m", "memory": "512Mi"}),  # a small worker
+        ({"cpu": "8", "memory": "64Gi"}, {"cpu": "500m", "memory": "1Gi"}),  # a download needs no more
+    ],
+)
+def test_the_model_download_never_asks_more_than_the_engine(engine, fetcher):
+    plan, settings = make(resources={"gpus": 1, **engine})
+    fetch = render_pod_template(plan, settings)["spec"]["initContainers"][0]
+    assert fetch["name"] == "model" and fetch["resources"]["requests"] == fetcher
+
+
 def test_pvc_model_needs_no_fetcher_and_is_read_only():
     plan, settings = make(source={"pvc": {"claimName": "weights", "path": "m"}})
     pod = render_pod_template(plan, settings)
