@@ -70,6 +70,8 @@ class Autoscaler:
     scrapes: dict[str, Scrape] = field(default_factory=dict)
     histories: dict[str, History] = field(default_factory=dict)
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> signals last written
+    # uid -> (resourceVersion the service had, replicas set): the watch cache may lag our own patch
+    patched: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     telemetry: Telemetry = field(default_factory=Telemetry)
     usage_write_interval_s: float = USAGE_WRITE_INTERVAL_S
     _usage_written_at: float | None = None
@@ -94,16 +96,18 @@ class Autoscaler:
             self.scrapes.clear()  # a standby's memory would be stale when it takes over
             self.histories.clear()
             self.written.clear()
+            self.patched.clear()
             self.telemetry.deactivate()
             return
         self.telemetry.active = True
         keys = list(self.services())
         seen = await asyncio.gather(*(self.service(ns, name) for ns, name in keys))
         live = {uid for uid in seen if uid}
-        for gone in set(self.scrapes) - live:
+        for gone in (set(self.scrapes) | set(self.patched)) - live:
             self.scrapes.pop(gone, None)
             self.histories.pop(gone, None)
             self.written.pop(gone, None)
+            self.patched.pop(gone, None)
         self.telemetry.forget({key for key, uid in zip(keys, seen, strict=True) if uid})
         await self._write_usage()
 
@@ -282,7 +286,9 @@ class Autoscaler:
         try:
             policy = Policy.of(tier.get("spec"), spec)
             current = desired_replicas(
-                int(spec.get("replicas", 1)), int(spec.get("minReplicas", 1)), int(spec.get("maxReplicas", 1))
+                replicas_now(isvc, self.patched.get(uid)),
+                int(spec.get("minReplicas", 1)),
+                int(spec.get("maxReplicas", 1)),
             )
         except ValueError as exc:  # the reconciler reports an invalid tier or spec as a condition
             meta = isvc["metadata"]
@@ -306,6 +312,7 @@ class Autoscaler:
             order = await self.scale_in.prepare(isvc, latest, self.clock())
             self.events(isvc, "Normal", "ScaleInOrder", order)
         await self._merge_patch(isvc, "scale", {"spec": {"replicas": decision.replicas}})
+        self.patched[str(meta["uid"])] = (meta.get("resourceVersion"), decision.replicas)
         when = datetime.now(UTC)
         last = {
             "time": _rfc3339(when),
@@ -317,6 +324,15 @@ class Autoscaler:
         self.telemetry.scaled(_key(isvc), _tier_name(isvc), current, decision.replicas)
         self.events(isvc, "Normal", "Scaled", decision.reason)
         log.info("autoscaler: %s/%s %s", meta["namespace"], meta["name"], decision.reason)
+
+
+def replicas_now(isvc: Mapping[str, Any], patched: tuple[str | None, int] | None) -> int:
+    """The service's replicas: ours if the watch cache still shows the version we patched (a
+    loaded API server delivers the change seconds later; deciding again on the old count sent a
+    second, identical scale-down), else what the cache says (anyone may have changed it since)."""
+    if patched is not None and patched[0] == isvc["metadata"].get("resourceVersion"):
+        return patched[1]
+    return int(isvc.get("spec", {}).get("replicas", 1))
 
 
 def signals_status(agg: Aggregate, now: datetime) -> dict[str, Any]:

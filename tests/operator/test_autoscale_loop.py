@@ -203,3 +203,28 @@ async def test_a_scale_down_ranks_the_pods_by_cache_before_lowering_replicas() -
         assert isinstance(scaler.events, RecordedEvents)
         assert scaler.events.reasons() == ["ScaleInOrder", "Scaled"]
         assert scaler.events.events[0][3].startswith("coldest first: a goes first")
+
+
+async def test_a_scale_decided_once_is_not_decided_again_while_the_watch_cache_lags() -> None:
+    async with metrics_server(kv=0.05) as address:
+        kube = FakeKube("builtin")
+        kube.isvc["metadata"]["resourceVersion"] = "7"
+        kube.tier = {
+            "spec": {
+                "autoscaling": {"targetKvCacheUsage": 0.5, "scaleDownStabilizationSeconds": 0},
+                "slo": {"ttftP95Ms": 100_000},
+            }
+        }
+        scaler = autoscaler(kube, address)
+        for _ in range(3):  # the cache still says 2 replicas at version 7 on the third interval
+            await scaler.tick()
+        assert isinstance(scaler.events, RecordedEvents)
+        assert scaler.events.reasons() == ["ScaleInOrder", "Scaled"]
+        # a newer version is the truth again: someone set 4, and 4 -> 1 is decided
+        kube.isvc["metadata"]["resourceVersion"] = "9"
+        kube.isvc["spec"]["replicas"] = 4
+        scaler.views = kube.views
+        await scaler.tick()
+        await scaler.close()
+        assert scaler.events.reasons() == ["ScaleInOrder", "Scaled", "ScaleInOrder", "Scaled"]
+        assert "4 -> " in scaler.events.events[-1][3]
