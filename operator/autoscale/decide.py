@@ -9,7 +9,8 @@ tolerance nothing changes; otherwise the recommendation is ceil(current * ratio)
 - TTFT p95 counts only while requests wait for a replica (requestsWaiting > 0) or when that is
   unknown: without a queue, a TTFT over target comes from prompts too long to prefill within it,
   which more replicas would not shorten (the strata sim runs on the Mooncake traces showed the
-  service pinned at maxReplicas otherwise; docs/autoscaling.md).
+  service pinned at maxReplicas otherwise; docs/autoscaling.md). An interval without a first
+  token while requests wait keeps the last measured p95 (``_carried_ttft``).
 
 A woken service whose replicas are all still starting, while its routers hold more requests than
 those replicas take in flight (``maxNumSeqs`` each), takes the tier's scale-up step at once: it
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from strata.operator.api import ServiceTierSpec
@@ -118,19 +119,27 @@ class History:
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     last_traffic: float | None = None
     utilization: list[tuple[float, float]] = field(default_factory=list)  # prefill utilization seen
+    last_ttft_ms: float | None = None  # the last interval's TTFT p95 that had a first token
 
     def record(
         self,
         now: float,
-        recommendation: int,
+        recommendation: int | None,
         had_traffic: bool,
         keep_s: float,
         utilization: float | None = None,
+        ttft_ms: float | None = None,
     ) -> None:
+        """``recommendation`` None: the interval had nothing to scale on, and no vote in the
+        stabilisation windows (a vote for the current count would hold a scale-up for a whole
+        window after every interval without a signal)."""
         self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= keep_s]
-        self.recommendations.append((now, recommendation))
+        if recommendation is not None:
+            self.recommendations.append((now, recommendation))
         if had_traffic:
             self.last_traffic = now
+        if ttft_ms is not None:
+            self.last_ttft_ms = ttft_ms
         self.utilization = [(t, u) for t, u in self.utilization if now - t < UTILIZATION_WINDOW_S]
         if utilization is not None:
             self.utilization.append((now, utilization))
@@ -139,7 +148,7 @@ class History:
 @dataclass(frozen=True)
 class Decision:
     replicas: int
-    recommendation: int  # before stabilisation, steps and bounds: what the history keeps
+    recommendation: int | None  # before stabilisation, steps and bounds: what the history keeps
     reason: str
 
     def changes(self, current: int) -> bool:
@@ -154,12 +163,13 @@ def decide(current: int, seen: Observation, policy: Policy, history: History, no
     backlog = _backlog(current, seen, policy)
     if backlog is not None:
         return backlog
-    ratio, why = _ratio(seen, policy, _utilization(seen, history, now))
+    ratio, why = _ratio(_carried_ttft(seen, history), policy, _utilization(seen, history, now))
     if ratio is None or current == 0:
         # Nothing to scale on, or scaled to zero (a request wakes the service, not this loop).
         floor = max(policy.min_replicas, 1) if current > 0 else current
         target = min(max(current, floor), policy.max_replicas)
-        return Decision(target, target, _bounded(why or "no signals", current, target, policy))
+        vote = None if ratio is None and current > 0 else target
+        return Decision(target, vote, _bounded(why or "no signals", current, target, policy))
     if abs(ratio - 1.0) <= policy.tolerance:
         recommendation = current
         why = f"{why}, within tolerance {policy.tolerance:g}"
@@ -202,6 +212,16 @@ def _utilization(seen: Observation, history: History, now: float) -> float | Non
     if seen.prefill_utilization is not None:
         values.append(seen.prefill_utilization)
     return sum(values) / len(values) if values else None
+
+
+def _carried_ttft(seen: Observation, history: History) -> Observation:
+    """An interval in which no request got its first token while some wait for a replica (long
+    generations hold every slot) has no TTFT, though its queue is what TTFT measures: the last
+    measured p95 stands for it until a first token comes or the queue empties. Without it, such
+    intervals voted the current count and an output-heavy load was never scaled up."""
+    if seen.ttft_p95_ms is not None or not seen.requests_waiting or history.last_ttft_ms is None:
+        return seen
+    return replace(seen, ttft_p95_ms=history.last_ttft_ms)
 
 
 def _ratio(seen: Observation, policy: Policy, utilization: float | None) -> tuple[float | None, str]:

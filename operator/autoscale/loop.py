@@ -301,7 +301,9 @@ class Autoscaler:
         seen = Observation.of(agg, ready_replicas=ready, requests_held=held)
         decision = decide(current, seen, policy, history, now)
         utilization = seen.prefill_utilization
-        history.record(now, decision.recommendation, seen.had_traffic, policy.keep_s, utilization)
+        history.record(
+            now, decision.recommendation, seen.had_traffic, policy.keep_s, utilization, seen.ttft_p95_ms
+        )
         if decision.changes(current):
             await self._apply(isvc, current, decision)
 

@@ -143,6 +143,29 @@ def test_scale_up_goes_only_to_the_lowest_recommendation_in_its_window():
     assert d.recommendation == 8 and d.replicas == 3 and "scale-up window 60 s" in d.reason
 
 
+def test_an_interval_without_signals_does_not_vote_in_the_scale_up_window():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "scale_up_window_s": 60})
+    history = fresh()
+    blind = decide(2, seen(), policy, history, 70)  # no first token, no gauge: nothing to go on
+    assert blind.replicas == 2 and blind.recommendation is None
+    history.record(70, blind.recommendation, True, keep_s=60)
+    d = decide(2, seen(kv=0.75 * 2), policy, history, 100)
+    assert d.recommendation == 4 and d.replicas == 4  # not held at 2 by the blind interval
+
+
+def test_a_queue_without_a_first_token_keeps_the_last_ttft_in_the_scale_up_window():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "scale_up_window_s": 60, "max_scale_up_step": 4})
+    history = fresh()
+    first = decide(1, seen(kv=0.1, ttft=3000, waiting=4), policy, history, 70)
+    history.record(70, first.recommendation, True, keep_s=60, ttft_ms=3000)
+    # long generations hold every slot: no first token in this interval, four still waiting
+    stuck = decide(1, seen(kv=0.1, waiting=4), policy, history, 100)
+    assert stuck.recommendation == first.recommendation == 10  # 3000 ms over a 300 ms target
+    assert stuck.replicas == 5 and "TTFT p95 3000 ms" in stuck.reason
+    drained = decide(1, seen(kv=0.1, waiting=0), policy, history, 130)  # the queue emptied
+    assert drained.recommendation == 1
+
+
 def test_no_signals_keep_the_replicas_within_bounds():
     assert decide(3, seen(), NO_WINDOWS, fresh(), 100).replicas == 3
     policy = Policy(**{**NO_WINDOWS.__dict__, "max_replicas": 2})

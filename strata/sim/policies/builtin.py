@@ -47,7 +47,12 @@ class Builtin:
             seen = replace(seen, had_traffic=True)
         decision = decide(view.desired, seen, self.policy, history, view.now)
         history.record(
-            view.now, decision.recommendation, seen.had_traffic, self.policy.keep_s, seen.prefill_utilization
+            view.now,
+            decision.recommendation,
+            seen.had_traffic,
+            self.policy.keep_s,
+            seen.prefill_utilization,
+            seen.ttft_p95_ms,
         )
         return Verdict(decision.replicas, decision.reason)
 
