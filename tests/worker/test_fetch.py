@@ -183,7 +183,7 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
         fetch_model("http://127.0.0.1:9/none", tmp_path)
 
 
-def wait_for(condition: object, what: str, timeout_s: float = 120) -> None:
+def wait_for(condition: object, what: str, timeout_s: float = 600) -> None:  # a loaded machine
     deadline = time.monotonic() + timeout_s
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
