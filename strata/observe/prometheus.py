@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from strata.cluster.cluster import Cluster
+from strata.cluster.processes import ManagedProcess, start_process
 from strata.observe.monitors import Discovery, scrape_configs
 from strata.observe.rules import RULES_FILE
 
@@ -112,7 +113,7 @@ class Prometheus:
 
     url: str
     directory: Path
-    proc: subprocess.Popen[bytes]
+    process: ManagedProcess
 
     def api(self, path: str, **params: str) -> Any:
         query = urllib.parse.urlencode(params)
@@ -136,13 +137,7 @@ class Prometheus:
         return targets
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        self.process.stop()
 
 
 def _discovery(cluster: Cluster, directory: Path) -> Discovery:
@@ -184,11 +179,11 @@ def start_prometheus(
 ) -> Prometheus:
     """Prometheus on 127.0.0.1, scraping what the chart's monitors select; stop() it."""
     argv, url = prepare(directory, cluster, interval, port)
-    with (directory / "prometheus.log").open("ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Prometheus(url, directory, proc)
+    # Dies with this process even when it is killed (no fixture teardown runs on SIGTERM/SIGKILL).
+    process = start_process("prometheus", argv, directory / "prometheus.log")
+    server = Prometheus(url, directory, process)
     try:
-        wait_ready(url, START_TIMEOUT_S, proc)
+        wait_ready(url, START_TIMEOUT_S, process.popen)
     except PrometheusError as exc:
         server.stop()
         log_tail = (directory / "prometheus.log").read_text()[-3000:]
