@@ -60,6 +60,8 @@ LOAD_MAX_S = 1800.0  # the load stops by itself after this, whatever happens to 
 CLIENTS, PREFIXES, PREFIX_BYTES, MAX_TOKENS = 16, 32, 250, 4
 # 128 blocks of 16 tokens of the tiny model (4 KiB each).
 HBM = "512Ki"
+# Far more than the 32 prefixes' ~550 blocks; the sidecar allocates its file whole, on this disk.
+NVME = "64Mi"
 # Ends on a scaling decision only: an annotation, with data within a minute of one.
 SCALING_ANNOTATION = dashboard.scaling_annotation().build().expr
 
@@ -144,7 +146,7 @@ def services(cluster: Cluster, chart_on_local_node: None) -> Iterator[str]:
     loads: list[Load] = []
     pool = ThreadPoolExecutor(CLIENTS * 2)
     try:
-        for name, dram, nvme in (("datapath", "0", "1Gi"), ("hbm", "0", "0")):
+        for name, dram, nvme in (("datapath", "0", NVME), ("hbm", "0", "0")):
             cluster.kubectl(
                 "apply", "-n", namespace, "-f", "-", input=json.dumps(local_service(name, dram, nvme))
             )
