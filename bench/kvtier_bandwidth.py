@@ -10,6 +10,9 @@ machine hits all of them alike.
   (checksummed) since: ``dram_get`` checks every block against its checksum as it copies (the
   default); ``dram_unchecked_get`` is a sidecar with ``dram.verify_reads: false``. DRAM holds
   two chains: the one read and the one put.
+- A put ends when the sidecar has committed every block (its reply to the last put: for NVMe,
+  written, ``fdatasync``-ed and its index record ``fsync``-ed), as the plain file writes end
+  with an fsync. (The engine's own save returns before that last reply.)
 - NVMe write/read through the sidecar (DRAM off, so every block goes to disk and back) vs
   plain file I/O of the same blocks on the same disk with the same block size and queue depth
   (the NVMe tier's 4 I/O threads, one 2 MiB pwrite/pread each): buffered (the page cache, as a
@@ -140,8 +143,9 @@ def tier_passes(
         if client.load([b.hash for b in chains[repeat]], out) != NUM_BLOCKS:
             raise RuntimeError(f"kvtier bench: the {tier} tier lost blocks")
 
-    def put(repeat: int) -> None:  # as the engine saves (the next repeat's get checks it arrived)
-        client.save(chains[repeat + 1], blocks)
+    def put(repeat: int) -> None:  # ends when every block is committed (NVMe: written and synced)
+        if client.save_checked(chains[repeat + 1], blocks) != NUM_BLOCKS:
+            raise RuntimeError(f"kvtier bench: the {tier} tier did not store every block")
 
     return {f"{tier}_get": get, f"{tier}_put": put}
 

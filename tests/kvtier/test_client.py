@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from strata.worker.kv_connector import BlockRef, chain_hashes, root_hash
+from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.client import TierClient, connect
 
 from .conftest import MiB, worker_config
@@ -207,20 +208,27 @@ def test_concurrent_clients_only_ever_read_intact_blocks(root, start_sidecar):
     assert all(torch.equal(o, d) for o, d in zip(out, data[0], strict=True))
 
 
-def test_a_long_load_from_nvme_is_pipelined_and_stops_at_a_damaged_block(root, start_sidecar):
-    # DRAM off: 100 NVMe blocks come up 32 at a time (half the staging slots per answer), the
-    # client asking for the next answer before it copies the current one out.
+def test_long_saves_and_loads_through_nvme_are_pipelined_and_a_damaged_block_stops_a_load(
+    root, start_sidecar
+):
+    # DRAM off: 100 blocks go down through staging slots 16 per put, the next batch copied
+    # while the sidecar writes the last, with the checksums the client took along its copies;
+    # they come up 32 at a time (half the staging slots per answer), the client asking for the
+    # next answer before it copies the current one out.
     config = worker_config(root, dram={"capacity_bytes": 0}, nvme={"capacity_bytes": 128 * 16384})
     sidecar = start_sidecar(config.kvtier)
     client = client_for(root)
     refs = chain("default", list(range(16 * 100)))
     data = blocks_for(refs, torch.float32, seed=3)
     assert client.save_checked(refs, data) == 100
+    nvme = sidecar.service.nvme
+    assert nvme is not None
+    for ref, block in zip(refs, data, strict=True):
+        entry = nvme.index.get(ref.hash)
+        assert entry is not None and entry.checksum == checksum(block.numpy().tobytes())
     out = [torch.empty(SHAPE) for _ in refs]
     assert client.load([r.hash for r in refs], out) == 100
     assert all(torch.equal(o, d) for o, d in zip(out, data, strict=True))
-    nvme = sidecar.service.nvme
-    assert nvme is not None
     slot = nvme.index.get(refs[50].hash).slot
     with open(root / "nvme" / "blocks.dat", "r+b") as blocks:  # damage block 50, in the 2nd answer
         blocks.seek(slot * 16384 + 10)

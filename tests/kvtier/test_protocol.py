@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from strata.worker.kvtier import cli, protocol
+from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.server import handle
 from strata.worker.kvtier.service import KVTierService, Owner
 
@@ -89,3 +90,24 @@ def test_cli_reports_start_up_failures(root, capsys):
     assert cli.main(["serve", "--config", str(path), "--block-bytes", "0"]) == 2
     assert cli.main(["serve", "--config", str(path), "--block-bytes", "4096", "--metrics-port", "0"]) == 1
     assert "cannot start" in capsys.readouterr().err
+
+
+def test_staging_slots_ask_for_the_clients_checksum_and_a_put_may_leave_some_out(root):
+    # DRAM full of nothing but room for one block: the first key gets a DRAM slot (sealed later
+    # by the sidecar), the second a staging slot, whose block is written to NVMe at its put.
+    service = KVTierService(kvtier_config(root, dram={"capacity_bytes": 4096}))
+    service.configure(4096)
+    owner = Owner()
+    keys = [f"{i:032x}" for i in (1, 2)]
+    reply = handle(service, owner, {"op": "reserve", "keys": keys, "parents": ["00" * 16] * 2})
+    assert reply["ok"] is True and reply["hash"] == [False, True], reply
+    staged = reply["slots"][1]
+    view = service.dram.arena.view(staged, 4096)  # type: ignore[union-attr]
+    view[:] = b"\x07" * 4096
+    put = {"op": "put", "keys": keys, "parents": ["00" * 16] * 2, "slots": reply["slots"]}
+    assert handle(service, owner, put | {"checksums": [None, checksum(view)]}) == {"ok": True, "stored": 2}
+    nvme = service.nvme
+    assert nvme is not None
+    entry = nvme.index.get(bytes.fromhex(keys[1]))
+    assert entry is not None and entry.checksum == checksum(b"\x07" * 4096)
+    service.close()

@@ -70,16 +70,17 @@ def _release(service: KVTierService, owner: Owner, request: Message) -> dict[str
 def _reserve(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
     keys = protocol.keys_from(request)
     parents = protocol.keys_from(request, "parents") if "parents" in request else None
-    return {"slots": service.reserve(owner, keys, parents)}
+    slots = service.reserve(owner, keys, parents)
+    # Staging slots are written down at once: their checksums, taken along the engine's copy
+    # (while the bytes are in its cache), spare the write path a pass over each slot.
+    return {"slots": slots, "hash": [slot is not None and service.is_staging(slot) for slot in slots]}
 
 
 def _put(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
     keys = protocol.keys_from(request)
     parents = protocol.keys_from(request, "parents")
     slots = _ints(request, "slots")
-    sums: list[int | None] = (
-        list(_ints(request, "checksums")) if "checksums" in request else [None] * len(keys)
-    )
+    sums = _checksums(request) if "checksums" in request else [None] * len(keys)
     if not len(keys) == len(parents) == len(slots) == len(sums):
         raise ValueError("keys, parents, slots, checksums: must have the same length")
     blocks = [PutBlock(*fields) for fields in zip(keys, parents, slots, sums, strict=True)]
@@ -123,6 +124,13 @@ def _corrupt(service: KVTierService, owner: Owner, request: Message) -> dict[str
 
 def _stats(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
     return service.stats()
+
+
+def _checksums(request: Message) -> list[int | None]:
+    raw = request.get("checksums")
+    if not isinstance(raw, list) or not all(v is None or isinstance(v, int) for v in raw):
+        raise ValueError("checksums: expected a list of integers (or null where the sidecar takes it)")
+    return raw
 
 
 def _ints(request: Message, field: str) -> list[int]:

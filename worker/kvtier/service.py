@@ -283,6 +283,10 @@ class KVTierService:
             owner.reserved.add(slot)
         return slot
 
+    def is_staging(self, slot: int) -> bool:
+        """A staging slot: its block is written down (or dropped) at its put."""
+        return self._require().dram.is_staging(slot)
+
     def _lower_tier_takes(self, key: bytes) -> bool:
         if self.nvme is not None and key not in self.nvme.index:
             return True
