@@ -11,7 +11,7 @@ from pathlib import Path
 from strata import stack
 from strata.cluster import binaries
 from strata.cluster import cli as cluster_cli
-from strata.demo import dataplane, observe, platform
+from strata.demo import dataplane, observe, platform, scaling
 from strata.demo.detached import Detached
 from strata.operator.resolve import SERVER_PORT
 from strata.worker.config import WorkerConfig
@@ -27,17 +27,20 @@ def step(title: str) -> None:
 def up(directory: Path) -> int:
     detached = Detached(directory)
     started = time.monotonic()
-    step("1/6 control plane: etcd, kube-apiserver (RBAC), controller-manager, scheduler, 4 KWOK GPU nodes")
+    step(
+        "1/7 control plane: etcd, kube-apiserver (RBAC), controller-manager, scheduler, 4 KWOK GPU nodes,"
+        " a local node whose pods run for real"
+    )
     cluster = platform.start_cluster(directory / "cluster")
-    step("2/6 helm install charts/strata: CRDs, admission policy, RBAC, ServiceTiers premium/standard/batch")
+    step("2/7 helm install charts/strata: CRDs, admission policy, RBAC, ServiceTiers premium/standard/batch")
     sa_kubeconfig = stack.install_chart(cluster)
-    step("3/6 the operator, as the chart's ServiceAccount (least-privilege RBAC)")
+    step("3/7 the operator, as the chart's ServiceAccount (least-privilege RBAC)")
     operator_port = platform.start_operator(detached, sa_kubeconfig)
-    step(f"4/6 a tenant applies an InferenceService ({platform.TENANT}/{platform.SERVICE}, tier premium)")
+    step(f"4/7 a tenant applies an InferenceService ({platform.TENANT}/{platform.SERVICE}, tier premium)")
     platform.apply_service(cluster)
     platform.wait_ready(cluster)
     print(platform.show(cluster))
-    step("5/6 the data plane the operator rendered: torch worker + KV-tier sidecar, from its ConfigMap,")
+    step("5/7 the data plane the operator rendered: torch worker + KV-tier sidecar, from its ConfigMap,")
     print("    run here at the pod's IP (the KWOK pod runs nothing)")
     pod_ip = platform.pod_ip(cluster)
     config = dataplane.localize(platform.rendered_worker_config(cluster), directory, pod_ip, SERVER_PORT)
@@ -53,7 +56,7 @@ def up(directory: Path) -> int:
     addresses = (f"{pod_ip}:{SERVER_PORT}", f"127.0.0.1:{config.kvtier.metrics_port}")
     prometheus = observe.start_prometheus(detached, cluster, directory, operator_port, service, addresses)
     print(f"Prometheus {prometheus} (the chart's monitors, the rules; HTTP API: {prometheus}/api/v1/query)")
-    step(f"6/6 one {PROMPT_TOKENS}-token prompt through the memory hierarchy")
+    step(f"6/7 one {PROMPT_TOKENS}-token prompt through the memory hierarchy")
     rows, api = _walk_the_hierarchy(detached, config_path, config, api)
     _print_table(rows)
     # Steady traffic across a few autoscaler intervals, so its last scrape interval has requests.
@@ -66,6 +69,8 @@ def up(directory: Path) -> int:
     print("\nafter a few seconds of repeated requests, the signals the operator scraped into its status:")
     print(platform.signals(cluster))
     print(cluster.kubectl("get", "inferenceservice", platform.SERVICE, "-n", platform.TENANT).stdout)
+    step("7/7 the scaling act: a slice of the conversation trace through each service's router")
+    scaling.run(cluster)
     print(_usage(directory, cluster.kubeconfig, api, prometheus, time.monotonic() - started))
     return 0
 
@@ -147,6 +152,10 @@ def main(argv: list[str]) -> int:
         return down(directory)
     try:
         return up(directory)
+    except KeyboardInterrupt:
+        print("\nstrata demo: interrupted; stopping everything it started", file=sys.stderr)
+        down(directory)
+        return 130
     except Exception as exc:  # the demo is for people: say what failed and where to look
         print(
             f"\nstrata demo: {exc}\nlogs: {directory / 'logs'}; stop with: strata demo down", file=sys.stderr

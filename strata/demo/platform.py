@@ -10,6 +10,7 @@ import yaml
 from strata import stack
 from strata.cluster import cli as cluster_cli
 from strata.cluster.cluster import Cluster
+from strata.cluster.nodes import LOCAL_TOLERATION
 from strata.demo.detached import Detached
 
 TENANT = "tenant-a"
@@ -27,7 +28,13 @@ def start_cluster(directory: Path) -> Cluster:
 def start_operator(detached: Detached, kubeconfig: Path) -> int:
     """The operator as the chart's ServiceAccount, left running; returns its metrics port."""
     metrics, liveness = stack.free_port(), stack.free_port()
-    env = stack.operator_env({"STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S)})
+    env = stack.operator_env(
+        {
+            "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S),
+            # pods may go to the local node, whose pods run for real (the scaling act's)
+            "STRATA_TOLERATIONS": json.dumps([LOCAL_TOLERATION]),
+        }
+    )
     # One replica, so no peering: the chart names its peering object per release, and kopf given a
     # peering name it cannot find pauses without a word.
     argv = stack.operator_argv(kubeconfig, metrics, liveness, "--standalone", "--log-format=plain")

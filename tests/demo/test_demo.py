@@ -17,7 +17,10 @@ from strata.cluster.cli import pid_alive
 from strata.demo.dataplane import shm_dir
 from strata.demo.detached import Detached
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3600)]
+# The walk-through, then the scaling act: worker pods start (torch imports: minutes on a loaded
+# two-core machine), two loads of LOAD_S, premium's scale-down after its utilization window.
+DEMO_WITHIN_S = 2700
 
 
 def strata(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -41,7 +44,7 @@ def scraped(prometheus: str, job: str, timeout_s: float = 60.0) -> bool:
 def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
     directory = tmp_path / "demo"
     try:
-        up = strata("demo", "--dir", str(directory), timeout=600)
+        up = strata("demo", "--dir", str(directory), timeout=DEMO_WITHIN_S)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         # The service went Ready under the operator, on a GPU node, with its sidecar.
         assert re.search(r"tenant-a\s+chat\s+premium\s+demo-small\s+1\s+1", up.stdout), up.stdout
@@ -54,6 +57,7 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
         assert re.search(r"prefix on NVMe .*nvme 3984$", table, re.M)
         # The operator's autoscaler scraped the real worker into the service's status.
         assert re.search(r"ttftP95Ms: \d", up.stdout) and re.search(r"hbm: 0\.9\d*", up.stdout), up.stdout
+        _check_the_scaling_act(up.stdout)
         pids = Detached(directory)._read()
         assert set(pids) == {"operator", "kvtier", "worker", "prometheus"}
         # Its Prometheus (the chart's monitors plus the local processes) scrapes the worker.
@@ -65,3 +69,17 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(pid) for pid in pids.values())
     assert not shm_dir(directory.resolve()).exists()
+
+
+def _check_the_scaling_act(stdout: str) -> None:
+    """Premium scaled up under the replayed trace and back down; batch under the same load did
+    not; nobody's client saw an error. The closing table has a row per service."""
+    act = stdout[stdout.index("7/7 the scaling act") :]
+    assert re.search(r"scaled: \d\d:\d\d:\d\d .*: 1 -> [23]", act), act[-5000:]
+    rows = {line.split()[0]: line.split() for line in act.splitlines() if line.startswith(("live ", "bulk "))}
+    assert set(rows) == {"live", "bulk"}, act[-3000:]
+    live, bulk = rows["live"], rows["bulk"]
+    assert live[1] == "premium" and int(live[2]) >= 2 and live[4] == "0", live
+    assert bulk[1] == "batch" and int(bulk[2]) == 1 and bulk[4] == "0", bulk
+    assert int(live[3]) > 50 and int(bulk[3]) > 50, (live, bulk)
+    assert re.search(r"scaled: \d\d:\d\d:\d\d .*: 2 -> 1", act), "premium back to one replica"
