@@ -105,6 +105,7 @@ def start_autoscaler(memo: kopf.Memo) -> None:
         views=runtime.views,
         peering=slot.peering,
         telemetry=runtime.telemetry,
+        utilization_window_s=slot.config.utilization_window_s,
     )
     slot.task = asyncio.create_task(
         slot.autoscaler.run(slot.config.autoscale_interval_s), name="strata-autoscaler"

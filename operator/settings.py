@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from strata.operator.api.base import DNS_SUBDOMAIN
 from strata.operator.api.quantity import QUANTITY_PATTERN
+from strata.operator.autoscale.decide import UTILIZATION_WINDOW_S
 
 NvmeVolumeMode = Literal["ephemeral", "hostPath"]
 NVME_VOLUME_MODES: tuple[NvmeVolumeMode, ...] = ("ephemeral", "hostPath")
@@ -64,6 +65,9 @@ class OperatorSettings:
     uid: int = 10001
     # How often the autoscaler scrapes the workers, writes status.signals and decides.
     autoscale_interval_s: int = 15
+    # How long the autoscaler averages prefill utilization over (one long prompt makes a single
+    # interval spiky); shorter reacts sooner, up and down (the demo's act uses 30 s).
+    utilization_window_s: int = int(UTILIZATION_WINDOW_S)
     # The API client: the shortest timeout of a request (it grows with the server's latency)
     # and how many requests may be in flight at once.
     api_timeout_s: int = 10
@@ -82,6 +86,7 @@ _ENV = {
     "peering_lifetime_s": "STRATA_PEERING_LIFETIME_S",
     "metrics_port": "STRATA_METRICS_PORT",
     "autoscale_interval_s": "STRATA_AUTOSCALE_INTERVAL_S",
+    "utilization_window_s": "STRATA_UTILIZATION_WINDOW_S",
     "api_timeout_s": "STRATA_API_TIMEOUT_S",
     "api_max_in_flight": "STRATA_API_MAX_IN_FLIGHT",
 }
@@ -124,6 +129,7 @@ def _convert(key: str, raw: str) -> Any:
         "peering_lifetime_s",
         "metrics_port",
         "autoscale_interval_s",
+        "utilization_window_s",
         "api_timeout_s",
         "api_max_in_flight",
     ):

@@ -5,7 +5,8 @@ tolerance nothing changes; otherwise the recommendation is ceil(current * ratio)
 
 - prefillUtilization (the share of time replicas spend computing prompt tokens) is the load
   signal: it falls as 1 / replicas, so the ratio sizes the service as an HPA sizes on CPU. It is
-  averaged over the last UTILIZATION_WINDOW_S: one long prompt makes a single interval spiky.
+  averaged over the last UTILIZATION_WINDOW_S (an operator setting): one long prompt makes a
+  single interval spiky.
 - TTFT p95 counts only while requests wait for a replica (requestsWaiting > 0) or when that is
   unknown: without a queue, a TTFT over target comes from prompts too long to prefill within it,
   which more replicas would not shorten (the strata sim runs on the Mooncake traces showed the
@@ -116,6 +117,8 @@ class History:
     """What one service's earlier decisions left behind (kept in memory by the loop)."""
 
     started: float  # when this history began: idleness before it is unknown
+    # Prefill utilization is averaged over this long (the operator's STRATA_UTILIZATION_WINDOW_S).
+    utilization_window_s: float = UTILIZATION_WINDOW_S
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     last_traffic: float | None = None
     utilization: list[tuple[float, float]] = field(default_factory=list)  # prefill utilization seen
@@ -140,7 +143,7 @@ class History:
             self.last_traffic = now
         if ttft_ms is not None:
             self.last_ttft_ms = ttft_ms
-        self.utilization = [(t, u) for t, u in self.utilization if now - t < UTILIZATION_WINDOW_S]
+        self.utilization = [(t, u) for t, u in self.utilization if now - t < self.utilization_window_s]
         if utilization is not None:
             self.utilization.append((now, utilization))
 
@@ -208,7 +211,7 @@ def _backlog(current: int, seen: Observation, policy: Policy) -> Decision | None
 
 def _utilization(seen: Observation, history: History, now: float) -> float | None:
     """The mean prefill utilization over the window: what was recorded, and this interval's."""
-    values = [u for t, u in history.utilization if now - t < UTILIZATION_WINDOW_S]
+    values = [u for t, u in history.utilization if now - t < history.utilization_window_s]
     if seen.prefill_utilization is not None:
         values.append(seen.prefill_utilization)
     return sum(values) / len(values) if values else None

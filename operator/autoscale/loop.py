@@ -25,7 +25,14 @@ from strata.operator import names
 from strata.operator.autoscale import wake
 from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
 from strata.operator.autoscale.cost import Usage, footprint, merge_usage, usage
-from strata.operator.autoscale.decide import Decision, History, Observation, Policy, decide
+from strata.operator.autoscale.decide import (
+    UTILIZATION_WINDOW_S,
+    Decision,
+    History,
+    Observation,
+    Policy,
+    decide,
+)
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.autoscale.peering import is_active
 from strata.operator.autoscale.pods import MERGE_PATCH, metrics_url
@@ -74,6 +81,7 @@ class Autoscaler:
     patched: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     telemetry: Telemetry = field(default_factory=Telemetry)
     usage_write_interval_s: float = USAGE_WRITE_INTERVAL_S
+    utilization_window_s: float = UTILIZATION_WINDOW_S
     _usage_written_at: float | None = None
     _http: aiohttp.ClientSession | None = None
     _limit: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SCRAPE_CONCURRENCY))
@@ -294,7 +302,7 @@ class Autoscaler:
             meta = isvc["metadata"]
             log.warning("autoscaler: %s/%s not scaled: %s", meta["namespace"], meta["name"], exc)
             return
-        history = self.histories.setdefault(uid, History(started=now))
+        history = self.histories.setdefault(uid, History(now, self.utilization_window_s))
         ready = len(self.scrapes[uid].pods)
         # woken, no replica ready yet: how many requests its routers hold says whether one is enough
         held = await wake.held_requests(self, isvc) if ready == 0 and current > 0 else 0.0

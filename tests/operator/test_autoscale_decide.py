@@ -85,6 +85,11 @@ def test_prefill_utilization_is_averaged_over_its_window():
     # (0.1 * 4 + 0.5) / 5 = 0.18: within the tolerance of 0.2, one spiky interval changes nothing.
     d = decide(4, seen(prefill=0.5), policy, history, 100)
     assert d.replicas == 4 and "prefillUtilization 0.18 < target 0.20" in d.reason
+    # The operator's window setting: a 30 s one keeps only the interval at 85 s.
+    short = History(started=0, utilization_window_s=30)
+    for t in (40, 55, 70, 85):
+        short.record(t, 4, True, keep_s=0, utilization=0.1)
+    assert "prefillUtilization 0.30 > target 0.20" in decide(4, seen(prefill=0.5), policy, short, 100).reason
 
 
 def test_a_slow_ttft_without_a_queue_does_not_scale_but_is_named():

@@ -15,6 +15,8 @@ def test_defaults_scrape_every_15_s() -> None:
 
 def test_environment_and_flags() -> None:
     assert settings_from_env({"STRATA_AUTOSCALE_INTERVAL_S": "2"}).autoscale_interval_s == 2
+    assert OperatorSettings().utilization_window_s == 120
+    assert settings_from_env({"STRATA_UTILIZATION_WINDOW_S": "30"}).utilization_window_s == 30
     flags = build_settings(parser().parse_args(["--autoscale-interval", "5"]))
     assert flags.autoscale_interval_s == 5
 
@@ -29,6 +31,7 @@ def test_a_pod_is_scraped_at_its_pod_ip() -> None:
     [
         ("autoscale_interval_s", "0", "STRATA_AUTOSCALE_INTERVAL_S: must be positive"),
         ("autoscale_interval_s", "soon", "STRATA_AUTOSCALE_INTERVAL_S: 'soon' is not a number"),
+        ("utilization_window_s", "-5", "STRATA_UTILIZATION_WINDOW_S: must be positive"),
     ],
 )
 def test_bad_values_name_the_setting(key: str, value: str, fragment: str) -> None:
