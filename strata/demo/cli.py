@@ -121,7 +121,7 @@ def _print_table(rows: list[tuple[str, float, dict[str, float]]]) -> None:
 def _usage(directory: Path, kubeconfig: Path, api: str, prometheus: str, elapsed_s: float) -> str:
     return f"""
 Strata is up ({elapsed_s:.0f} s). Still running: the control plane, the operator, the worker, the sidecar,
-Prometheus.
+Prometheus, and the scaling act's two services, idle (kubectl get infsvc,pods -n {scaling.NAMESPACE}).
   export KUBECONFIG={kubeconfig}
   kubectl get inferenceservices -A          # or: kubectl get strata -A
   kubectl describe inferenceservice {platform.SERVICE} -n {platform.TENANT}

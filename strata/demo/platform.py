@@ -17,6 +17,7 @@ TENANT = "tenant-a"
 SERVICE = "chat"
 SERVICE_MANIFEST = Path(__file__).with_name("chat.yaml")
 AUTOSCALE_INTERVAL_S = 3
+UTILIZATION_WINDOW_S = 30  # the scaling act's: it scales back down in a minute, not three
 
 
 def start_cluster(directory: Path) -> Cluster:
@@ -31,6 +32,7 @@ def start_operator(detached: Detached, kubeconfig: Path) -> int:
     env = stack.operator_env(
         {
             "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S),
+            "STRATA_UTILIZATION_WINDOW_S": str(UTILIZATION_WINDOW_S),
             # pods may go to the local node, whose pods run for real (the scaling act's)
             "STRATA_TOLERATIONS": json.dumps([LOCAL_TOLERATION]),
         }

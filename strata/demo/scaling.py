@@ -1,12 +1,13 @@
 """`make demo`'s scaling act: a slice of the shared conversation trace replayed through a
 service's router, first at a premium-tier service (which scales up under it and back down after
-it), then, once premium is removed, the same load at a batch-tier service (whose looser targets do
-not scale it). Both run the `tiny` model, one thread per worker, as real pods of the local node.
-A frame a second shows what the operator sees and decides; a table ends the act.
+it), then the same load at a batch-tier service (whose looser targets do not scale it). Both run
+the `tiny` model, one thread per worker, as real pods of the local node (the cluster's pod
+runtime). A frame a second shows what the operator sees and decides; a table ends the act.
 
-The rate is measured, not guessed: one replica's throughput is taken first (a short closed
-loop through the premium router), and the trace is compressed to ``LOAD_SHARE`` of it, which keeps
-a replica busy well over premium's prefill-utilization target and under batch's."""
+The rate is measured, not guessed (strata.demo.sizing): one replica is saturated first (a short
+closed loop through the premium router) and the trace is compressed so that a replica computes
+prompts well over premium's targetPrefillUtilization and well under batch's, on a quiet machine
+as on a loaded one."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import openai
 from strata import stack
 from strata.cluster.cluster import Cluster
 from strata.cluster.nodes import LOCAL_GPU_PRODUCT
+from strata.demo.platform import UTILIZATION_WINDOW_S
+from strata.demo.sizing import Band, Capacity, size
 from strata.demo.tally import Tally
 from strata.demo.view import LoadView, ServiceReport, ServiceView, frame, table
 from strata.loadgen.background import BackgroundLoad
@@ -35,14 +38,14 @@ from strata.stack.serving import pod_sample, router_url, worker_pods
 NAMESPACE = "tenant-b"
 MODEL = "tiny"
 MAX_REPLICAS = 2  # two workers and two routers fill a two-core local node
-LOAD_S = 120.0  # seconds of trace replayed at premium at least, and then at batch as long
+LOAD_S = 60.0  # seconds of trace replayed at each service at least
 SERVED_EACH = 30  # premium's load lasts until each of its pods has served this many requests
-LOAD_SHARE = 0.6  # of one replica's measured throughput
 # Prompts as the trace has them (up to 480 tokens), a few tokens out: the load is prompt
 # computation, which is what the tiers' targetPrefillUtilization measures (premium 0.2, batch 0.7).
 SHAPE = Scaling(max_output_tokens=4)
+CALIBRATE_S = 10.0  # of one replica saturated, to measure its throughput
 TRACE_SLICE = 4000  # records read from the trace; the replay stops after LOAD_S
-PREMIUM_CALM_S = 30  # the demo's premium tier scales down after 30 s of calm (the chart's: 300 s)
+PREMIUM_CALM_S = 20  # the demo's premium tier scales down after 20 s of calm (the chart's: 300 s)
 READY_S = 900.0  # pods import torch: minutes on a loaded two-core machine
 SETTLE_S = 900.0  # the scale-down after the load: the utilization window, then the calm window
 FRAME_S = 1.0
@@ -54,7 +57,11 @@ RECENT_S = 10.0  # the clients' TTFT p95 in the live view: the last few seconds
 class Act:
     service: str
     tier: str
-    target_ms: float = 0.0  # the tier's slo.ttftP95Ms, read from the cluster
+    # Read from the tier in the cluster: slo.ttftP95Ms, autoscaling.targetPrefillUtilization and
+    # its tolerance.
+    target_ms: float = 0.0
+    prefill_target: float = 0.0
+    tolerance: float = 0.0
 
 
 @dataclass
@@ -67,52 +74,53 @@ class Watched:
 
 
 def run(cluster: Cluster, out: Callable[[str], None] = print) -> list[ServiceReport]:
-    """The act, start to end; the closing table's rows. One service at a time: the local node
-    has the machine's cores, and premium's pods (priority 1000000) would preempt routers."""
+    """The act, start to end; the closing table's rows. One service under load at a time: the
+    local node has the machine's cores. Batch's pods start while premium scales back down; both
+    stay, idle, for whoever wants to look at them afterwards."""
     premium, batch = (_prepare(cluster, Act("live", "premium")), _prepare(cluster, Act("bulk", "batch")))
-    out(f"premium's scale-down window shortened to {PREMIUM_CALM_S} s for the demo (the chart's: 300 s)")
+    out(
+        f"for the demo, premium scales down after {PREMIUM_CALM_S} s of calm (the chart's: 300 s) and the"
+        f" operator averages prefill utilization over {UTILIZATION_WINDOW_S} s (its default: 120 s)"
+    )
     calm = {"spec": {"autoscaling": {"scaleDownStabilizationSeconds": PREMIUM_CALM_S}}}
     cluster.kubectl("patch", "servicetier", "premium", "--type=merge", "-p", json.dumps(calm))
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    url = _start_service(cluster, premium.act, out)
-    requests = _sized_load(url, out)
-    load_s = _load_and_watch(cluster, premium, url, requests, LOAD_S, out)
-    _remove(cluster, premium.act, out)
-    batch_url = _start_service(cluster, batch.act, out)
-    _load_and_watch(cluster, batch, batch_url, requests, load_s, out)  # as long as premium's
-    _remove(cluster, batch.act, out)
+    with _kwok_cordoned(cluster):  # routers may go anywhere, but nothing serves on a KWOK node
+        cluster.apply(_service(premium.act), NAMESPACE)
+        url = _wait_serving(cluster, premium.act, out)
+        requests = _sized_load(cluster, premium.act, batch.act, url, out)
+        watch = Watcher(cluster, [premium], out)
+        _replay(watch, premium, url, requests)
+        cluster.apply(_service(batch.act), NAMESPACE)  # its pods start while premium settles
+        _settle(watch, premium)
+        batch_url = _wait_serving(cluster, batch.act, out)
+        _replay(Watcher(cluster, [batch], out), batch, batch_url, requests)
     reports = [_report(w) for w in (premium, batch)]
     out("\n" + "\n".join(table(reports)))
     return reports
 
 
-def _load_and_watch(
-    cluster: Cluster,
-    watched: Watched,
-    url: str,
-    requests: Sequence[TimedRequest],
-    load_s: float,
-    out: Callable[[str], None],
-) -> float:
-    """At least ``load_s`` of the trace at the service, and, if it scaled up, until each of its
-    pods has served SERVED_EACH requests; then, until it is back to one replica. The seconds of
-    load."""
+def _replay(watch: Watcher, watched: Watched, url: str, requests: Sequence[TimedRequest]) -> None:
+    """LOAD_S of the trace at the service, and, if it scaled up, until each of its pods has
+    served SERVED_EACH requests (its own counters say so)."""
     act = watched.act
-    out(
-        f"\n{act.service} ({act.tier}, TTFT target {act.target_ms:.0f} ms): the trace, {load_s:.0f} s or more"
+    watch.out(
+        f"\n{act.service} ({act.tier}, TTFT target {act.target_ms:.0f} ms): the trace, {LOAD_S:.0f} s or more"
     )
-    watch = Watcher(cluster, [watched], out)
     _start_load(watched, url, requests)
-    watch.until(lambda: _loaded_for(watched, load_s), load_s * 3, f"{act.service}'s load")
+    watch.until(lambda: _loaded_for(watched, LOAD_S), LOAD_S * 3, f"{act.service}'s load")
     if watched.tally.peak_replicas > 1:
         watch.until(lambda: _spread(watched), READY_S, f"{act.service}'s new pods to serve")
-    seconds = time.monotonic() - (watched.load_started or time.monotonic())
     watched.outcomes = _stop_load(watched)
+    watch.poll(force=True)
+
+
+def _settle(watch: Watcher, watched: Watched) -> None:
+    """After the load: back to one replica once the utilization window and the calm have passed."""
     if watched.tally.peak_replicas > 1:
-        out(f"{act.service}: load stopped; it scales back down once its utilization window has passed")
-        watch.until(lambda: watch.settled(watched), SETTLE_S, f"{act.service} back to one replica")
+        watch.out(f"{watched.act.service}: load stopped; it scales back down once its window has passed")
+        watch.until(lambda: watch.settled(watched), SETTLE_S, f"{watched.act.service} back to one replica")
     watch.poll(force=True)  # the last frame, with the decision that settled it
-    return seconds
 
 
 def _spread(watched: Watched) -> bool:
@@ -125,23 +133,16 @@ def _prepare(cluster: Cluster, act: Act) -> Watched:
     tier = stack.get(cluster, "servicetier", act.tier)
     if tier is None:
         raise RuntimeError(f"ServiceTier {act.tier} is missing: the chart installs it")
-    return Watched(replace(act, target_ms=float(tier["spec"]["slo"]["ttftP95Ms"])))
-
-
-def _start_service(cluster: Cluster, act: Act, out: Callable[[str], None]) -> str:
-    """Apply the service and wait until it serves; its router's URL."""
-    with _kwok_cordoned(cluster):  # routers may go anywhere, but nothing serves on a KWOK node
-        cluster.apply(_service(act), NAMESPACE)
-        return _wait_serving(cluster, act, out)
-
-
-def _remove(cluster: Cluster, act: Act, out: Callable[[str], None]) -> None:
-    """Delete the service and wait for its pods to go, making room for the next one."""
-    cluster.kubectl("delete", "inferenceservice", act.service, "-n", NAMESPACE, "--wait=false")
-    stack.wait_for(
-        lambda: not stack.items(cluster, "pods", NAMESPACE), SETTLE_S, what=f"{act.service}'s pods to go"
+    spec = tier["spec"]
+    auto = spec["autoscaling"]
+    return Watched(
+        replace(
+            act,
+            target_ms=float(spec["slo"]["ttftP95Ms"]),
+            prefill_target=float(auto["targetPrefillUtilization"]),
+            tolerance=float(auto["tolerance"]),
+        )
     )
-    out(f"{act.service} removed")
 
 
 @contextlib.contextmanager
@@ -181,24 +182,50 @@ def _service(act: Act) -> dict[str, Any]:
     )
 
 
-def _sized_load(url: str, out: Callable[[str], None]) -> list[TimedRequest]:
-    """The trace slice, compressed to ``LOAD_SHARE`` of one replica's measured throughput."""
+def _sized_load(
+    cluster: Cluster, premium: Act, batch: Act, url: str, out: Callable[[str], None]
+) -> list[TimedRequest]:
+    """The trace slice, compressed so that one replica computes prompts between premium's
+    target and batch's (strata.demo.sizing), from its throughput measured here and now."""
     path = traces_dir() / "mooncake_conversation.jsonl"
     if not path.exists():
         raise RuntimeError(f"{path} not found (set STRATA_TRACES_DIR to the Mooncake traces)")
     records = read_trace(path, count=TRACE_SLICE)
     shaped = timed_requests(records, SHAPE)
-    measured = asyncio.run(_throughput(url, shaped))
-    if measured <= 0:
-        raise RuntimeError("one replica completed no request in the throughput measurement")
-    rate = LOAD_SHARE * measured
-    out(f"one replica answers {measured:.1f} requests/s of this trace; replaying it at {rate:.1f}/s")
-    return timed_requests(records, replace(SHAPE, time_compression=compression_for(shaped, rate)))
+    capacity = _capacity(cluster, premium.service, url, shaped)
+    band = Band.of(premium.prefill_target, premium.tolerance, batch.prefill_target, batch.tolerance)
+    sizing = size(capacity, band)
+    out(
+        f"one replica answers {capacity.requests_per_s:.1f} requests/s of this trace, computing prompts "
+        f"{capacity.prefill_utilization:.2f} of the time; replaying it at {sizing.share:.2f} of that "
+        f"({sizing.rate_per_s:.1f}/s): about {sizing.expected_utilization:.2f} of a replica's time, "
+        f"over premium's {band.low:.2f} and under batch's {band.high:.2f} (targets with tolerance)"
+    )
+    return timed_requests(
+        records, replace(SHAPE, time_compression=compression_for(shaped, sizing.rate_per_s))
+    )
+
+
+def _capacity(cluster: Cluster, service: str, url: str, requests: Sequence[TimedRequest]) -> Capacity:
+    """A closed loop through the router saturates the service's one replica for CALIBRATE_S; its
+    own counters, scraped before and after, give the share of that time spent on prompts."""
+    pod = worker_pods(cluster, NAMESPACE, service)[0]
+    before, started = _engine_counter(pod), time.monotonic()
+    rate = asyncio.run(_throughput(url, requests))
+    busy = _engine_counter(pod) - before
+    return Capacity(rate, min(1.0, busy / (time.monotonic() - started)))
+
+
+def _engine_counter(pod: Mapping[str, Any]) -> float:
+    sample = pod_sample(dict(pod))
+    if sample is None:
+        raise RuntimeError(f"worker pod {pod['metadata']['name']}: its /metrics did not answer")
+    return sample.engine.get("prefill_busy_s", 0.0)
 
 
 async def _throughput(url: str, requests: Sequence[TimedRequest]) -> float:
     async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
-        return await throughput(client, MODEL, requests)
+        return await throughput(client, MODEL, requests, duration_s=CALIBRATE_S)
 
 
 def _start_load(watched: Watched, url: str, requests: Sequence[TimedRequest]) -> None:

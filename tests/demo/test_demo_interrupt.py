@@ -1,0 +1,62 @@
+"""Ctrl-C while the demo runs stops everything it started: the detached processes (operator,
+worker, sidecar), the control plane and its pod runtime. Interrupted as soon as the data plane
+starts, the cheapest point where every kind of process is running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strata.stack.wait import WaitTimeout, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+STARTED_WITHIN_S = 600.0  # the control plane, the chart, the operator and a Ready service
+STOPPED_WITHIN_S = 300.0
+
+
+def processes_of(directory: Path) -> list[str]:
+    """Command lines of the live processes that name the demo's directory (every process the
+    demo and its cluster start has a path under it in its arguments)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not a process
+        if str(directory) in argv and entry.name != str(os.getpid()):
+            found.append(f"{entry.name}: {argv[:200]}")
+    return found
+
+
+def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
+    directory = (tmp_path / "demo").resolve()
+    log = tmp_path / "demo.log"
+    with log.open("w") as out:
+        # Its own process group, which a terminal's Ctrl-C reaches as a whole.
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "strata", "demo", "--dir", str(directory)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: "=== 5/7" in log.read_text() or demo.poll() is not None, STARTED_WITHIN_S, "step 5")
+        assert demo.poll() is None, log.read_text()[-3000:]
+        assert processes_of(directory), "nothing of the demo's runs: the check below would prove nothing"
+        os.killpg(demo.pid, signal.SIGINT)
+        assert demo.wait(STOPPED_WITHIN_S) == 130, log.read_text()[-3000:]
+    finally:
+        if demo.poll() is None:  # the test failed before the interrupt: leave nothing behind
+            subprocess.run(
+                [sys.executable, "-m", "strata", "demo", "down", "--dir", str(directory)], check=False
+            )
+    assert "interrupted; stopping everything it started" in log.read_text()
+    try:
+        wait_for(lambda: not processes_of(directory), STOPPED_WITHIN_S, "the demo's processes to go")
+    except WaitTimeout:
+        pytest.fail(f"left behind after Ctrl-C: {processes_of(directory)}")
