@@ -26,13 +26,13 @@ from strata import stack
 from strata.cluster.cluster import Cluster
 from strata.cluster.nodes import LOCAL_GPU_PRODUCT
 from strata.demo.platform import UTILIZATION_WINDOW_S
-from strata.demo.sizing import Band, Capacity, size
+from strata.demo.sizing import PROBE_SHARE, Band, Measured, size
 from strata.demo.tally import Tally
 from strata.demo.view import LoadView, ServiceReport, ServiceView, frame, table
 from strata.loadgen.background import BackgroundLoad
 from strata.loadgen.calibrate import compression_for, throughput
 from strata.loadgen.summary import Outcome, percentile, summarize
-from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests, traces_dir
+from strata.loadgen.trace import Scaling, TimedRequest, TraceRecord, read_trace, timed_requests, traces_dir
 from strata.stack.serving import pod_sample, router_url, worker_pods
 
 NAMESPACE = "tenant-b"
@@ -44,6 +44,7 @@ SERVED_EACH = 30  # premium's load lasts until each of its pods has served this 
 # computation, which is what the tiers' targetPrefillUtilization measures (premium 0.2, batch 0.7).
 SHAPE = Scaling(max_output_tokens=4)
 CALIBRATE_S = 10.0  # of one replica saturated, to measure its throughput
+PROBE_S = 15.0  # of an open-loop replay at PROBE_SHARE of it, to measure its prefill utilization
 TRACE_SLICE = 4000  # records read from the trace; the replay stops after LOAD_S
 PREMIUM_CALM_S = 20  # the demo's premium tier scales down after 20 s of calm (the chart's: 300 s)
 READY_S = 900.0  # pods import torch: minutes on a loaded two-core machine
@@ -186,34 +187,43 @@ def _sized_load(
     cluster: Cluster, premium: Act, batch: Act, url: str, out: Callable[[str], None]
 ) -> list[TimedRequest]:
     """The trace slice, compressed so that one replica computes prompts between premium's
-    target and batch's (strata.demo.sizing), from its throughput measured here and now."""
+    target and batch's (strata.demo.sizing), from what one replica does here and now."""
     path = traces_dir() / "mooncake_conversation.jsonl"
     if not path.exists():
         raise RuntimeError(f"{path} not found (set STRATA_TRACES_DIR to the Mooncake traces)")
     records = read_trace(path, count=TRACE_SLICE)
     shaped = timed_requests(records, SHAPE)
-    capacity = _capacity(cluster, premium.service, url, shaped)
+    pod = worker_pods(cluster, NAMESPACE, premium.service)[0]
+    rate = asyncio.run(_throughput(url, shaped))
+    probe = _at_rate(records, shaped, PROBE_SHARE * rate)
+    measured = Measured(rate, _utilization_under(pod, url, probe))
     band = Band.of(premium.prefill_target, premium.tolerance, batch.prefill_target, batch.tolerance)
-    sizing = size(capacity, band)
+    sizing = size(measured, band)
     out(
-        f"one replica answers {capacity.requests_per_s:.1f} requests/s of this trace, computing prompts "
-        f"{capacity.prefill_utilization:.2f} of the time; replaying it at {sizing.share:.2f} of that "
-        f"({sizing.rate_per_s:.1f}/s): about {sizing.expected_utilization:.2f} of a replica's time, "
-        f"over premium's {band.low:.2f} and under batch's {band.high:.2f} (targets with tolerance)"
+        f"one replica answers {rate:.1f} requests/s of this trace; at {PROBE_SHARE:.2f} of that it computes "
+        f"prompts {measured.probe_utilization:.2f} of the time; replaying it at {sizing.share:.2f} "
+        f"({sizing.rate_per_s:.1f}/s): about {sizing.expected_utilization:.2f} of a replica's time, over "
+        f"premium's {band.low:.2f} and under batch's {band.high:.2f} (targets with tolerance)"
     )
-    return timed_requests(
-        records, replace(SHAPE, time_compression=compression_for(shaped, sizing.rate_per_s))
-    )
+    return _at_rate(records, shaped, sizing.rate_per_s)
 
 
-def _capacity(cluster: Cluster, service: str, url: str, requests: Sequence[TimedRequest]) -> Capacity:
-    """A closed loop through the router saturates the service's one replica for CALIBRATE_S; its
-    own counters, scraped before and after, give the share of that time spent on prompts."""
-    pod = worker_pods(cluster, NAMESPACE, service)[0]
+def _at_rate(
+    records: Sequence[TraceRecord], shaped: Sequence[TimedRequest], rate: float
+) -> list[TimedRequest]:
+    return timed_requests(records, replace(SHAPE, time_compression=compression_for(shaped, rate)))
+
+
+def _utilization_under(pod: Mapping[str, Any], url: str, requests: Sequence[TimedRequest]) -> float:
+    """The pod's prefill utilization (its own counter) while ``requests`` replay for PROBE_S."""
     before, started = _engine_counter(pod), time.monotonic()
-    rate = asyncio.run(_throughput(url, requests))
-    busy = _engine_counter(pod) - before
-    return Capacity(rate, min(1.0, busy / (time.monotonic() - started)))
+    load = BackgroundLoad(url, MODEL, requests).start()
+    try:
+        time.sleep(PROBE_S)
+        busy = _engine_counter(pod) - before
+        return min(1.0, busy / (time.monotonic() - started))
+    finally:
+        load.stop()
 
 
 def _engine_counter(pod: Mapping[str, Any]) -> float:

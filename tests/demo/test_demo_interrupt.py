@@ -33,6 +33,12 @@ def processes_of(directory: Path) -> list[str]:
     return found
 
 
+def _default_sigint() -> None:
+    """Ctrl-C's default for the demo: a test run in the background of a shell has SIGINT
+    ignored, which a child inherits, and Python then raises no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     directory = (tmp_path / "demo").resolve()
     log = tmp_path / "demo.log"
@@ -43,6 +49,7 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_default_sigint,
         )
     try:
         wait_for(lambda: "=== 5/7" in log.read_text() or demo.poll() is not None, STARTED_WITHIN_S, "step 5")
