@@ -139,6 +139,8 @@ stop everything: strata demo down
 def down(directory: Path) -> int:
     Detached(directory).stop_all()
     shutil.rmtree(dataplane.shm_dir(directory), ignore_errors=True)  # memory, not disk: give it back
+    # The walk-through's NVMe tier preallocates its file (up to MAX_NVME_BYTES); the next run wipes it anyway.
+    shutil.rmtree(dataplane.nvme_dir(directory), ignore_errors=True)
     return cluster_cli.cmd_down(directory / "cluster") if (directory / "cluster").exists() else 0
 
 

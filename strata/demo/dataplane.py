@@ -43,6 +43,11 @@ def shm_dir(root: Path) -> Path:
     return Path("/dev/shm") / f"strata-demo-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
 
+def nvme_dir(root: Path) -> Path:
+    """The NVMe tier's directory of a demo directory (its file is preallocated: gigabytes of disk)."""
+    return root / "nvme"
+
+
 def localize(rendered: str, root: Path, host: str, port: int) -> WorkerConfig:
     """The rendered config with this machine's paths, listening on ``host:port``, on the CPU."""
     data: dict[str, Any] = WorkerConfig.from_yaml(rendered).model_dump(mode="json")
@@ -55,7 +60,7 @@ def localize(rendered: str, root: Path, host: str, port: int) -> WorkerConfig:
     kv["metrics_port"] = free_port()
     kv["dram"]["shm_path"] = str(shm_dir(root) / "kv")
     kv["dram"]["capacity_bytes"] = min(kv["dram"]["capacity_bytes"], MAX_DRAM_BYTES)
-    kv["nvme"]["path"] = str(root / "nvme")
+    kv["nvme"]["path"] = str(nvme_dir(root))
     kv["nvme"]["capacity_bytes"] = min(kv["nvme"]["capacity_bytes"], MAX_NVME_BYTES)
     kv["shared"]["path"] = str(root / "shared")
     return WorkerConfig.model_validate(data)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from strata.cluster.cli import pid_alive
-from strata.demo.dataplane import shm_dir
+from strata.demo.dataplane import nvme_dir, shm_dir
 from strata.demo.detached import Detached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -45,6 +45,7 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
     directory = tmp_path / "demo"
     try:
         up = strata("demo", "--dir", str(directory), timeout=DEMO_WITHIN_S)
+        (tmp_path / "demo-output.txt").write_text(up.stdout + up.stderr)  # kept for a look afterwards
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         # The service went Ready under the operator, on a GPU node, with its sidecar.
         assert re.search(r"tenant-a\s+chat\s+premium\s+demo-small\s+1\s+1", up.stdout), up.stdout
@@ -69,6 +70,7 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(pid) for pid in pids.values())
     assert not shm_dir(directory.resolve()).exists()
+    assert not nvme_dir(directory.resolve()).exists()  # 4 GiB of disk
 
 
 def _check_the_scaling_act(stdout: str) -> None:
