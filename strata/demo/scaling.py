@@ -4,10 +4,11 @@ it), then the same load at a batch-tier service (whose looser targets do not sca
 the `tiny` model, one thread per worker, as real pods of the local node (the cluster's pod
 runtime). A frame a second shows what the operator sees and decides; a table ends the act.
 
-The rate is measured, not guessed (strata.demo.sizing): one replica is saturated first (a short
-closed loop through the premium router) and the trace is compressed so that a replica computes
-prompts well over premium's targetPrefillUtilization and well under batch's, on a quiet machine
-as on a loaded one."""
+The load is sized to the machine, not guessed (strata.demo.sizing): one replica's throughput is
+measured first (a short closed loop through the premium router) and the trace is replayed at a
+share of it; premium's targetPrefillUtilization for the demo is set from what the replica then
+measurably spends on prompts, so that premium scales up under the load on a quiet machine as on a
+loaded one, while batch keeps the chart's targets."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from strata import stack
 from strata.cluster.cluster import Cluster
 from strata.cluster.nodes import LOCAL_GPU_PRODUCT
 from strata.demo.platform import UTILIZATION_WINDOW_S
-from strata.demo.sizing import PROBE_SHARE, Band, Measured, size
+from strata.demo.sizing import HEADROOM, LOAD_SHARE, Measured, Sizing, size
 from strata.demo.tally import Tally
 from strata.demo.view import LoadView, ServiceReport, ServiceView, frame, table
 from strata.loadgen.background import BackgroundLoad
@@ -44,7 +45,7 @@ SERVED_EACH = 30  # premium's load lasts until each of its pods has served this 
 # computation, which is what the tiers' targetPrefillUtilization measures (premium 0.2, batch 0.7).
 SHAPE = Scaling(max_output_tokens=4)
 CALIBRATE_S = 10.0  # of one replica saturated, to measure its throughput
-PROBE_S = 15.0  # of an open-loop replay at PROBE_SHARE of it, to measure its prefill utilization
+PROBE_S = 15.0  # of the load, to measure one replica's prefill utilization under it
 TRACE_SLICE = 4000  # records read from the trace; the replay stops after LOAD_S
 PREMIUM_CALM_S = 20  # the demo's premium tier scales down after 20 s of calm (the chart's: 300 s)
 READY_S = 900.0  # pods import torch: minutes on a loaded two-core machine
@@ -89,7 +90,9 @@ def run(cluster: Cluster, out: Callable[[str], None] = print) -> list[ServiceRep
     with _kwok_cordoned(cluster):  # routers may go anywhere, but nothing serves on a KWOK node
         cluster.apply(_service(premium.act), NAMESPACE)
         url = _wait_serving(cluster, premium.act, out)
-        requests = _sized_load(cluster, premium.act, batch.act, url, out)
+        requests, sizing = _sized_load(cluster, premium.act, batch.act, url, out)
+        target = {"spec": {"autoscaling": {"targetPrefillUtilization": sizing.premium_target}}}
+        cluster.kubectl("patch", "servicetier", "premium", "--type=merge", "-p", json.dumps(target))
         watch = Watcher(cluster, [premium], out)
         _replay(watch, premium, url, requests)
         cluster.apply(_service(batch.act), NAMESPACE)  # its pods start while premium settles
@@ -185,9 +188,9 @@ def _service(act: Act) -> dict[str, Any]:
 
 def _sized_load(
     cluster: Cluster, premium: Act, batch: Act, url: str, out: Callable[[str], None]
-) -> list[TimedRequest]:
-    """The trace slice, compressed so that one replica computes prompts between premium's
-    target and batch's (strata.demo.sizing), from what one replica does here and now."""
+) -> tuple[list[TimedRequest], Sizing]:
+    """The trace slice at LOAD_SHARE of one replica's throughput, and premium's target for it
+    (strata.demo.sizing), from what one replica does here and now."""
     path = traces_dir() / "mooncake_conversation.jsonl"
     if not path.exists():
         raise RuntimeError(f"{path} not found (set STRATA_TRACES_DIR to the Mooncake traces)")
@@ -195,17 +198,17 @@ def _sized_load(
     shaped = timed_requests(records, SHAPE)
     pod = worker_pods(cluster, NAMESPACE, premium.service)[0]
     rate = asyncio.run(_throughput(url, shaped))
-    probe = _at_rate(records, shaped, PROBE_SHARE * rate)
-    measured = Measured(rate, _utilization_under(pod, url, probe))
-    band = Band.of(premium.prefill_target, premium.tolerance, batch.prefill_target, batch.tolerance)
-    sizing = size(measured, band)
+    load = _at_rate(records, shaped, LOAD_SHARE * rate)
+    measured = Measured(rate, _utilization_under(pod, url, load))
+    sizing = size(measured, batch.prefill_target * (1 + batch.tolerance))
     out(
-        f"one replica answers {rate:.1f} requests/s of this trace; at {PROBE_SHARE:.2f} of that it computes "
-        f"prompts {measured.probe_utilization:.2f} of the time; replaying it at {sizing.share:.2f} "
-        f"({sizing.rate_per_s:.1f}/s): about {sizing.expected_utilization:.2f} of a replica's time, over "
-        f"premium's {band.low:.2f} and under batch's {band.high:.2f} (targets with tolerance)"
+        f"one replica answers {rate:.1f} requests/s of this trace; at {LOAD_SHARE:.2f} of that "
+        f"({sizing.rate_per_s:.1f}/s) it computes prompts {measured.utilization:.3f} of the time (the rest "
+        f"of each request is HTTP, the router, tokenising): for the demo premium's targetPrefillUtilization "
+        f"is {HEADROOM:g} times under that, {sizing.premium_target:g} (the chart's: "
+        f"{premium.prefill_target:g}); batch's stays {batch.prefill_target:g}"
     )
-    return _at_rate(records, shaped, sizing.rate_per_s)
+    return load, sizing
 
 
 def _at_rate(

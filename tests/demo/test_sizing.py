@@ -1,38 +1,29 @@
-"""The scaling act's load, sized from a measured replica (pure)."""
+"""The scaling act's load and premium's target for it, from a measured replica (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from strata.demo.sizing import MAX_SHARE, PROBE_SHARE, Band, Measured, SizingError, size
+from strata.demo.sizing import HEADROOM, LOAD_SHARE, Measured, SizingError, size
 
-# premium: target 0.2, tolerance 0.1; batch: target 0.7, tolerance 0.15 (the chart's tiers)
-CHART = Band.of(0.2, 0.1, 0.7, 0.15)
-
-
-def test_the_band_is_the_tiers_targets_widened_by_their_tolerances() -> None:
-    assert CHART.low == pytest.approx(0.22) and CHART.high == pytest.approx(0.805)
-    assert CHART.low < CHART.aim < CHART.high
+BATCH = 0.7 * 1.15  # the chart's batch tier: target 0.7, tolerance 0.15
 
 
-def test_the_rate_puts_one_replica_in_the_middle_of_the_band_whatever_the_machine() -> None:
-    quiet, loaded = Measured(20.0, 0.3), Measured(5.0, 0.3)  # a busy machine: a quarter of the rate
+def test_the_rate_is_a_share_of_the_throughput_and_premium_is_headroom_times_under_the_load() -> None:
+    quiet, loaded = Measured(16.0, 0.12), Measured(5.0, 0.28)  # two-core machine, quiet and at load 20
     for measured in (quiet, loaded):
-        sizing = size(measured, CHART)
-        assert sizing.expected_utilization == pytest.approx(CHART.aim)
-        assert sizing.share == pytest.approx(CHART.aim / 0.3 * PROBE_SHARE)
-        assert sizing.rate_per_s == pytest.approx(measured.requests_per_s * sizing.share)
-
-
-def test_a_replica_that_computes_prompts_little_of_its_time_gets_at_most_the_max_share() -> None:
-    sizing = size(Measured(10.0, 0.175), CHART)
-    assert sizing.share == MAX_SHARE and sizing.expected_utilization == pytest.approx(0.28)
+        sizing = size(measured, BATCH)
+        assert sizing.rate_per_s == pytest.approx(LOAD_SHARE * measured.requests_per_s)
+        assert measured.utilization / sizing.premium_target == pytest.approx(HEADROOM, rel=0.02)
+        # two replicas share the load and stay over the target: the act's scale-up holds
+        assert measured.utilization / 2 > sizing.premium_target * 1.1
+    assert size(quiet, BATCH).premium_target == 0.04
 
 
 def test_sizes_that_cannot_work_say_why() -> None:
-    with pytest.raises(SizingError, match=r"computed prompts only 0\.10 of the time"):
-        size(Measured(10.0, 0.1), CHART)
+    with pytest.raises(SizingError, match=r"computed prompts 0\.010 of the time: too little"):
+        size(Measured(10.0, 0.01), BATCH)
+    with pytest.raises(SizingError, match=r"batch \(threshold 0\.80\) could scale too"):
+        size(Measured(10.0, 0.5), BATCH)
     with pytest.raises(SizingError, match="completed no request"):
-        size(Measured(0.0, 0.3), CHART)
-    with pytest.raises(SizingError, match="is not under batch's"):
-        size(Measured(10.0, 0.3), Band.of(0.7, 0.1, 0.2, 0.1))
+        size(Measured(0.0, 0.3), BATCH)
