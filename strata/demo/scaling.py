@@ -5,7 +5,7 @@ the `tiny` model, one thread per worker, as real pods of the local node (the clu
 runtime). A frame a second shows what the operator sees and decides; a table ends the act.
 
 The load is sized to the machine, not guessed (strata.demo.sizing): one replica's throughput is
-measured first (a short closed loop through the premium router) and the trace is replayed at a
+measured first (a short closed loop through the batch router) and the trace is replayed at a
 share of it; premium's targetPrefillUtilization for the demo is set from what the replica then
 measurably spends on prompts, so that premium scales up under the load on a quiet machine as on a
 loaded one, while batch keeps the chart's targets."""
@@ -45,6 +45,7 @@ SERVED_EACH = 30  # premium's load lasts until each of its pods has served this 
 # computation, which is what the tiers' targetPrefillUtilization measures (premium 0.2, batch 0.7).
 SHAPE = Scaling(max_output_tokens=4)
 CALIBRATE_S = 10.0  # of one replica saturated, to measure its throughput
+CALIBRATE_CLIENTS = 4  # enough to saturate a replica; few enough that batch's TTFT stays far under 10 s
 PROBE_S = 15.0  # of the load, to measure one replica's prefill utilization under it
 TRACE_SLICE = 4000  # records read from the trace; the replay stops after LOAD_S
 PREMIUM_CALM_S = 20  # the demo's premium tier scales down after 20 s of calm (the chart's: 300 s)
@@ -76,9 +77,8 @@ class Watched:
 
 
 def run(cluster: Cluster, out: Callable[[str], None] = print) -> list[ServiceReport]:
-    """The act, start to end; the closing table's rows. One service under load at a time: the
-    local node has the machine's cores. Batch's pods start while premium scales back down; both
-    stay, idle, for whoever wants to look at them afterwards."""
+    """The act, start to end; the closing table's rows. Both services start at once; one is under
+    load at a time (the local node has the machine's cores). Both stay, idle, afterwards."""
     premium, batch = (_prepare(cluster, Act("live", "premium")), _prepare(cluster, Act("bulk", "batch")))
     out(
         f"for the demo, premium scales down after {PREMIUM_CALM_S} s of calm (the chart's: 300 s) and the"
@@ -88,16 +88,17 @@ def run(cluster: Cluster, out: Callable[[str], None] = print) -> list[ServiceRep
     cluster.kubectl("patch", "servicetier", "premium", "--type=merge", "-p", json.dumps(calm))
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     with _kwok_cordoned(cluster):  # routers may go anywhere, but nothing serves on a KWOK node
-        cluster.apply(_service(premium.act), NAMESPACE)
-        url = _wait_serving(cluster, premium.act, out)
-        requests, sizing = _sized_load(cluster, premium.act, batch.act, url, out)
+        for act in (premium.act, batch.act):
+            cluster.apply(_service(act), NAMESPACE)
+        url, batch_url = (_wait_serving(cluster, act, out) for act in (premium.act, batch.act))
+        # Measured on batch, which neither the saturating loop nor the probe scales: measured on
+        # premium, they would scale it before its own load did.
+        requests, sizing = _sized_load(cluster, premium.act, batch.act, batch_url, out)
         target = {"spec": {"autoscaling": {"targetPrefillUtilization": sizing.premium_target}}}
         cluster.kubectl("patch", "servicetier", "premium", "--type=merge", "-p", json.dumps(target))
         watch = Watcher(cluster, [premium], out)
         _replay(watch, premium, url, requests)
-        cluster.apply(_service(batch.act), NAMESPACE)  # its pods start while premium settles
         _settle(watch, premium)
-        batch_url = _wait_serving(cluster, batch.act, out)
         _replay(Watcher(cluster, [batch], out), batch, batch_url, requests)
     reports = [_report(w) for w in (premium, batch)]
     out("\n" + "\n".join(table(reports)))
@@ -190,13 +191,13 @@ def _sized_load(
     cluster: Cluster, premium: Act, batch: Act, url: str, out: Callable[[str], None]
 ) -> tuple[list[TimedRequest], Sizing]:
     """The trace slice at LOAD_SHARE of one replica's throughput, and premium's target for it
-    (strata.demo.sizing), from what one replica does here and now."""
+    (strata.demo.sizing), from what batch's one replica (at ``url``) does here and now."""
     path = traces_dir() / "mooncake_conversation.jsonl"
     if not path.exists():
         raise RuntimeError(f"{path} not found (set STRATA_TRACES_DIR to the Mooncake traces)")
     records = read_trace(path, count=TRACE_SLICE)
     shaped = timed_requests(records, SHAPE)
-    pod = worker_pods(cluster, NAMESPACE, premium.service)[0]
+    pod = worker_pods(cluster, NAMESPACE, batch.service)[0]
     rate = asyncio.run(_throughput(url, shaped))
     load = _at_rate(records, shaped, LOAD_SHARE * rate)
     measured = Measured(rate, _utilization_under(pod, url, load))
@@ -238,7 +239,7 @@ def _engine_counter(pod: Mapping[str, Any]) -> float:
 
 async def _throughput(url: str, requests: Sequence[TimedRequest]) -> float:
     async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
-        return await throughput(client, MODEL, requests, duration_s=CALIBRATE_S)
+        return await throughput(client, MODEL, requests, CALIBRATE_CLIENTS, CALIBRATE_S)
 
 
 def _start_load(watched: Watched, url: str, requests: Sequence[TimedRequest]) -> None:
