@@ -211,7 +211,7 @@ def test_concurrent_clients_only_ever_read_intact_blocks(root, start_sidecar):
 def test_long_saves_and_loads_through_nvme_are_pipelined_and_a_damaged_block_stops_a_load(
     root, start_sidecar
 ):
-    # DRAM off: 100 blocks go down through staging slots 16 per put, the next batch copied
+    # DRAM off: 100 blocks go down through staging slots 32 per put, the next batch copied
     # while the sidecar writes the last, with the checksums the client took along its copies;
     # they come up 32 at a time (half the staging slots per answer), the client asking for the
     # next answer before it copies the current one out.

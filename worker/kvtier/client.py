@@ -32,10 +32,6 @@ from strata.worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 Pair = tuple[torch.Tensor, torch.Tensor]  # (destination, source) of one block copy
-# Blocks per put of a save (at most half the sidecar's max_batch: two batches hold slots at
-# once). Small enough that the last batch's write, which no copy overlaps, is short; large
-# enough that a round trip and the NVMe commit's two syncs (under 1 ms each here) stay small.
-SAVE_BATCH = 16
 
 
 class SidecarUnavailable(Exception):
@@ -202,7 +198,7 @@ class TierClient:
         sock = self._connected()
         if not blocks:
             return 0
-        size = max(1, min(self._max_batch // 2, SAVE_BATCH))
+        size = max(1, self._max_batch // 2)  # two batches' slots held at once
         batches = [(blocks[i : i + size], data[i : i + size]) for i in range(0, len(blocks), size)]
         self._drain(sock)
         self._stored = 0
