@@ -26,7 +26,9 @@ from strata.cluster.locks import try_lock
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".demo" / "cluster"
 UP_TIMEOUT_S = 300.0
-DOWN_TIMEOUT_S = 30.0
+# The supervisor stops its components one by one, each within its grace period (10 s): a bound for
+# a loaded machine, after which `down` kills it and the kernel takes the components down with it.
+DOWN_TIMEOUT_S = 120.0
 
 
 class NotAClusterDirectoryError(ValueError):

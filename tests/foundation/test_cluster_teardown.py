@@ -56,6 +56,15 @@ def test_components_are_gone_after_a_failed_test_and_an_interrupt(tmp_path: Path
         text=True,
     )
 
+    try:
+        check_teardown(inner, tmp_path)
+    finally:
+        if inner.poll() is None:  # a failed check: the inner suite (and its cluster) must not outlive it
+            inner.kill()
+            inner.communicate()
+
+
+def check_teardown(inner: subprocess.Popen[str], tmp_path: Path) -> None:
     def hanging() -> bool:
         assert inner.poll() is None, inner.communicate()[0]
         return (tmp_path / "hanging").exists()
@@ -77,4 +86,6 @@ def test_components_are_gone_after_a_failed_test_and_an_interrupt(tmp_path: Path
     # Stopping the components takes up to their grace period each (10 s) on a slow machine.
     output = inner.communicate(timeout=WAIT_S)[0]
     assert "deliberate failure" in output and "KeyboardInterrupt" in output
-    assert not [name for name, pid in pids.items() if pid_alive(pid)]
+    eventually(
+        lambda: not [name for name, pid in pids.items() if pid_alive(pid)], "every component to be gone"
+    )

@@ -58,8 +58,9 @@ def test_output_goes_to_the_log_file(tmp_path: Path) -> None:
     process.stop()
 
 
-# A parent process that starts one child through the harness, reports the child's pid, then
-# ends as the test says. The child records SIGTERM, which tells a graceful stop from SIGKILL.
+# A parent process that starts one child through the harness, reports the child's pid once the
+# child's SIGTERM trap is set (a fixed sleep lost that race on a loaded machine), then ends as the
+# test says. The child records SIGTERM, which tells a graceful stop from SIGKILL.
 PARENT = textwrap.dedent(
     """
     import sys, time
@@ -67,13 +68,12 @@ PARENT = textwrap.dedent(
     from strata.cluster import processes
 
     out, how = Path(sys.argv[1]), sys.argv[2]
-    child = processes.start_process(
-        "child", ["sh", "-c", f"trap 'echo term > {out}/terminated; exit 0' TERM; sleep 300 & wait"],
-        out / "child.log",
-    )
+    trap = f"trap 'echo term > {out}/terminated; exit 0' TERM; touch {out}/trapped; sleep 300 & wait"
+    child = processes.start_process("child", ["sh", "-c", trap], out / "child.log")
+    # The pid is reported once the child's trap is set, however slowly the shell starts.
+    processes.wait_until(lambda: (out / "trapped").exists(), 300, "the child's trap", interval_s=0.05)
     (out / "child.pid").write_text(str(child.pid))
     if how == "exit":
-        time.sleep(0.5)
         sys.exit(0)
     time.sleep(300)
     """
@@ -94,7 +94,6 @@ def test_children_are_stopped_gracefully_when_the_parent_exits(tmp_path: Path) -
 
 def test_children_are_stopped_gracefully_when_the_parent_gets_sigterm(tmp_path: Path) -> None:
     parent, child = run_parent(tmp_path, "wait")
-    time.sleep(0.5)  # let the child install its trap
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=WAIT_S) == -signal.SIGTERM
     assert wait_dead(child)
