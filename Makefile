@@ -12,8 +12,10 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	@echo "venv: [1/2] pip itself"
+	$(PY) -m pip install --progress-bar off --upgrade pip
+	@echo "venv: [2/2] the project and its dependencies (torch from PyPI is a few GB)"
+	$(PY) -m pip install --progress-bar off -e '.[dev]'
 	touch $@
 
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
