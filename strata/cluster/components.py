@@ -268,7 +268,7 @@ def kwok_argv(bin_dir: Path, layout: Layout, networks: Networks, stages: Path) -
     ]
 
 
-def pod_runtime_argv(layout: Layout) -> list[str]:
+def pod_runtime_argv(layout: Layout, networks: Networks) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -276,4 +276,5 @@ def pod_runtime_argv(layout: Layout) -> list[str]:
         f"--kubeconfig={layout.kubeconfig_for('pod-runtime')}",
         f"--root={layout.pod_runtime}",
         f"--logs={layout.pod_logs}",
+        f"--service-cidr={networks.service_cidr}",
     ]

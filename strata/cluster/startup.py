@@ -104,7 +104,7 @@ def _start_components(
     scheduler = start("kube-scheduler", components.scheduler_argv(bin_dir, layout, ports))
     kwok = start("kwok", components.kwok_argv(bin_dir, layout, networks, KWOK_STAGES))
     # The runtime, and the pods it runs, import this checkout of strata whatever is installed.
-    start("pod-runtime", components.pod_runtime_argv(layout), pod_runtime_env())
+    start("pod-runtime", components.pod_runtime_argv(layout, networks), pod_runtime_env())
     _wait_healthy(kcm, f"https://127.0.0.1:{ports.controller_manager}/healthz", tls, deadline)
     _wait_healthy(scheduler, f"https://127.0.0.1:{ports.scheduler}/healthz", tls, deadline)
     if not kwok.running():

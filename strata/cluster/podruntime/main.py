@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
 import sys
@@ -21,10 +22,12 @@ from typing import Any
 
 from strata.cluster.nodes import POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL, machine_cpus
 from strata.cluster.podruntime import capacity, events, launch
+from strata.cluster.podruntime.endpoints import LOOPBACK, PodEndpoint
 from strata.cluster.podruntime.env import quantity
 from strata.cluster.podruntime.host import SHUTDOWN_GRACE_S, Host, image_env
 from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.nodeagent import NodeAgent
+from strata.cluster.podruntime.proxy import ServiceProxy
 from strata.cluster.podruntime.spec import parse_pod
 
 log = logging.getLogger("strata.cluster.podruntime")
@@ -43,12 +46,14 @@ def private_mount_namespace() -> str | None:
 
 
 class Runtime:
-    def __init__(self, host: Host, problem: str | None) -> None:
+    def __init__(self, host: Host, problem: str | None, service_cidr: str) -> None:
         self.host = host
         self.problem = problem
         self.agents: dict[str, NodeAgent] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.pending: asyncio.Task[None] | None = None
+        self.proxy = ServiceProxy(host.api, service_cidr, self._endpoints)
+        self.proxying: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         watching = asyncio.create_task(self._watch_nodes())
@@ -58,6 +63,9 @@ class Runtime:
         await asyncio.gather(*(agent.shutdown(SHUTDOWN_GRACE_S) for agent in self.agents.values()))
         for task in [*self.tasks.values(), *([self.pending] if self.pending else [])]:
             task.cancel()
+        if self.proxying is not None:
+            self.proxying.cancel()
+            await asyncio.gather(self.proxying, return_exceptions=True)
         await self.host.session.close()
         await self.host.api.close()
 
@@ -78,6 +86,10 @@ class Runtime:
         self.tasks[name] = asyncio.create_task(agent.run())
         if self.pending is None:  # only with local nodes: a KWOK-only cluster pays nothing
             self.pending = asyncio.create_task(self._watch_pending())
+            self.proxying = asyncio.create_task(self.proxy.run())
+
+    def _endpoints(self) -> list[PodEndpoint]:
+        return [w.endpoint() for a in self.agents.values() for w in a.workers.values()]
 
     async def _watch_pending(self) -> None:
         """Say, once per pod, why a pod meant for the local nodes waits for CPU."""
@@ -112,6 +124,16 @@ class Runtime:
             self.tasks.pop(name).cancel()
 
 
+def _loopback_network(text: str) -> str:
+    try:
+        network = ipaddress.ip_network(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if not network.subnet_of(LOOPBACK):  # type: ignore[arg-type]
+        raise argparse.ArgumentTypeError(f"{text} is outside 127.0.0.0/8 (loopback only)")
+    return str(network)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m strata.cluster.podruntime", description=__doc__.splitlines()[0]
@@ -119,6 +141,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--kubeconfig", type=Path, required=True, help="the runtime's own identity")
     parser.add_argument("--root", type=Path, required=True, help="state: pod volumes and launch specs")
     parser.add_argument("--logs", type=Path, required=True, help="container logs (<pod>/<container>/<n>.log)")
+    parser.add_argument(
+        "--service-cidr",
+        type=_loopback_network,
+        default="127.96.0.0/16",
+        help="the cluster's Service range (loopback only): the proxy listens on these ClusterIPs",
+    )
     return parser.parse_args(argv)
 
 
@@ -130,7 +158,7 @@ async def serve(args: argparse.Namespace, problem: str | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    await Runtime(host, problem).run(stop)
+    await Runtime(host, problem, args.service_cidr).run(stop)
 
 
 def main(argv: list[str]) -> int:

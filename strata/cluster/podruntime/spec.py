@@ -61,6 +61,7 @@ class EnvFrom(_View):
 class ContainerPort(_View):
     name: str = ""
     container_port: int
+    protocol: str = "TCP"
 
 
 class HttpGet(_View):
@@ -241,6 +242,7 @@ class PodSpec(_View):
     volumes: tuple[Volume, ...] = ()
     service_account_name: str = "default"
     host_network: bool = False
+    enable_service_links: bool = True
     node_selector: dict[str, str] = {}
     tolerations: tuple[Toleration, ...] = ()
     readiness_gates: tuple[dict[str, str], ...] = ()
@@ -276,6 +278,11 @@ class Pod(_View):
             if container.name == name:
                 return container
         raise KeyError(name)
+
+    def named_tcp_ports(self) -> dict[str, int]:
+        """The named TCP ports of every container (a Service's ``targetPort`` may name one)."""
+        every = (*self.spec.init_containers, *self.spec.containers)
+        return {p.name: p.container_port for c in every for p in c.ports if p.name and p.protocol == "TCP"}
 
     def volume(self, name: str) -> Volume:
         for volume in self.spec.volumes:

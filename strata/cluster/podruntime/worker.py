@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from strata.cluster.podruntime import decide, events, processes, records, volumes
+from strata.cluster.podruntime import decide, events, processes, records, services, volumes
 from strata.cluster.podruntime import env as envs
 from strata.cluster.podruntime import probes as probing
+from strata.cluster.podruntime.endpoints import PodEndpoint
 from strata.cluster.podruntime.host import HOST_IP, MIN_GRACE_S, Host, Node
 from strata.cluster.podruntime.kubeapi import STRATEGIC, ApiError
 from strata.cluster.podruntime.mounts import Mount, PodDirs, container_mounts, image_mount
@@ -55,6 +56,20 @@ class PodWorker:
         self.pod = parse_pod(obj)
         self.existing = (obj.get("status") or {}).get("conditions") or []
         self.wake.set()
+
+    def endpoint(self) -> PodEndpoint:
+        """This pod as a Service endpoint: Ready as last reported to the API server."""
+        conditions = (self.written or {}).get("conditions") or []
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        meta = self.pod.metadata
+        return PodEndpoint(
+            meta.namespace,
+            meta.labels,
+            self.addresses.pod_ip,
+            ready,
+            self.pod.terminating or self.deleted,
+            self.pod.named_tcp_ports(),
+        )
 
     def forget(self) -> None:
         """The pod object is gone (force-deleted): stop its containers at once."""
@@ -140,10 +155,18 @@ class PodWorker:
             found[f"{kind}/{name}"] = None if obj is None else _string_data(obj, kind == "secret")
         return found
 
+    async def _service_env(self) -> dict[str, str]:
+        """The Service links of the pod's namespace as they are now (enableServiceLinks)."""
+        if not self.pod.spec.enable_service_links:
+            return {}
+        namespace = self.pod.metadata.namespace
+        listed = await self.host.api.request("GET", f"/api/v1/namespaces/{namespace}/services")
+        return services.service_env(map(services.parse_service, listed.get("items", [])), namespace)
+
     async def _start(self, container: Container, now: float) -> None:
         name, record = container.name, self.records[container.name]
         try:
-            base = {**self.host.env, "HOSTNAME": self.pod.metadata.name}
+            base = {**await self._service_env(), **self.host.env, "HOSTNAME": self.pod.metadata.name}
             env = envs.container_env(container, self._facts(), await self._sources(container), base)
             argv = envs.command_line(container, env)
             mounts = [

@@ -1,0 +1,214 @@
+"""The local pod runtime's Services, without a cluster: the kubelet's Service environment
+variables, endpoint selection, and the userspace proxy forwarding real TCP connections."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import ssl
+from typing import Any
+
+import pytest
+
+from strata.cluster.podruntime import endpoints, services
+from strata.cluster.podruntime import env as envs
+from strata.cluster.podruntime.endpoints import PodEndpoint
+from strata.cluster.podruntime.kubeapi import KubeApi
+from strata.cluster.podruntime.proxy import ServiceProxy
+from strata.cluster.podruntime.spec import parse_pod
+
+
+def service(
+    name: str,
+    ip: str = "127.96.3.4",
+    ports: list[dict[str, Any]] | None = None,
+    namespace: str = "ns",
+    selector: dict[str, str] | None = None,
+) -> services.Service:
+    default = [{"name": "http", "port": 80, "targetPort": "web"}]
+    spec: dict[str, Any] = {
+        "clusterIP": ip,
+        "selector": {"app": "a"} if selector is None else selector,
+        "ports": default if ports is None else ports,
+    }
+    return services.parse_service({"metadata": {"name": name, "namespace": namespace}, "spec": spec})
+
+
+def test_service_env_names_hosts_ports_and_docker_links_as_the_kubelet_does() -> None:
+    ports = [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics"},
+        {"name": "liveness-http", "port": 8080},
+    ]
+    env = services.service_env([service("strata-metrics", ports=ports)], "ns")
+    assert env == {
+        "STRATA_METRICS_SERVICE_HOST": "127.96.3.4",
+        "STRATA_METRICS_SERVICE_PORT": "9090",
+        "STRATA_METRICS_SERVICE_PORT_METRICS": "9090",
+        "STRATA_METRICS_SERVICE_PORT_LIVENESS_HTTP": "8080",
+        "STRATA_METRICS_PORT": "tcp://127.96.3.4:9090",
+        "STRATA_METRICS_PORT_9090_TCP": "tcp://127.96.3.4:9090",
+        "STRATA_METRICS_PORT_9090_TCP_PROTO": "tcp",
+        "STRATA_METRICS_PORT_9090_TCP_PORT": "9090",
+        "STRATA_METRICS_PORT_9090_TCP_ADDR": "127.96.3.4",
+        "STRATA_METRICS_PORT_8080_TCP": "tcp://127.96.3.4:8080",
+        "STRATA_METRICS_PORT_8080_TCP_PROTO": "tcp",
+        "STRATA_METRICS_PORT_8080_TCP_PORT": "8080",
+        "STRATA_METRICS_PORT_8080_TCP_ADDR": "127.96.3.4",
+    }
+
+
+def test_service_env_skips_other_namespaces_headless_and_the_master_service() -> None:
+    listed = [
+        service("other", namespace="elsewhere"),
+        service("headless", ip="None"),
+        service("kubernetes", ip="127.96.0.1", namespace="default"),
+        service("web", ports=[{"port": 80}]),
+    ]
+    assert services.service_env(listed, "ns") == {
+        "WEB_SERVICE_HOST": "127.96.3.4",
+        "WEB_SERVICE_PORT": "80",
+        "WEB_PORT": "tcp://127.96.3.4:80",
+        "WEB_PORT_80_TCP": "tcp://127.96.3.4:80",
+        "WEB_PORT_80_TCP_PROTO": "tcp",
+        "WEB_PORT_80_TCP_PORT": "80",
+        "WEB_PORT_80_TCP_ADDR": "127.96.3.4",
+    }
+    assert "KUBERNETES_SERVICE_HOST" not in services.service_env(listed, "default")
+
+
+def test_service_env_is_expanded_in_args_and_the_containers_own_variables_win() -> None:
+    pod = parse_pod(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "command": ["curl"],
+                        "args": ["http://$(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT_HTTP)/"],
+                        "env": [{"name": "WEB_SERVICE_PORT", "value": "mine"}],
+                    }
+                ]
+            },
+        }
+    )
+    (container,) = pod.spec.containers
+    base = services.service_env([service("web")], "ns")
+    env = envs.container_env(container, envs.PodFacts(pod, "127.64.1.2", "127.0.0.1"), {}, base)
+    assert env["WEB_SERVICE_PORT"] == "mine"
+    assert envs.command_line(container, env) == ["curl", "http://127.96.3.4:80/"]
+    assert pod.spec.enable_service_links is True
+
+
+def endpoint(ip: str, ready: bool = True, **changes: Any) -> PodEndpoint:
+    fields: dict[str, Any] = {
+        "namespace": "ns",
+        "labels": {"app": "a", "extra": "x"},
+        "ip": ip,
+        "ready": ready,
+        "terminating": False,
+        "ports": {"web": 8000},
+    }
+    return PodEndpoint(**{**fields, **changes})
+
+
+def test_endpoints_are_the_ready_selected_pods_at_their_named_or_numbered_target_port() -> None:
+    pods = [
+        endpoint("127.64.1.3"),
+        endpoint("127.64.1.2", ports={"web": 8001}),
+        endpoint("127.64.1.4", ready=False),
+        endpoint("127.64.1.5", terminating=True),
+        endpoint("127.64.1.6", labels={"app": "b"}),
+        endpoint("127.64.1.7", namespace="elsewhere"),
+        endpoint("127.64.1.8", ports={}),  # no port of that name: left out
+    ]
+    assert endpoints.endpoints(service("s"), 80, pods) == [("127.64.1.2", 8001), ("127.64.1.3", 8000)]
+    numbered = service("s", ports=[{"port": 81, "targetPort": 9000}, {"port": 82}])
+    assert endpoints.endpoints(numbered, 81, pods[:1]) == [("127.64.1.3", 9000)]
+    assert endpoints.endpoints(numbered, 82, pods[:1]) == [("127.64.1.3", 82)]
+    assert endpoints.endpoints(numbered, 83, pods[:1]) == []
+    assert endpoints.endpoints(service("s", selector={}), 80, pods) == []
+
+
+def test_pick_goes_round_robin_with_the_others_as_fallbacks() -> None:
+    found = [("127.64.1.2", 1), ("127.64.1.3", 1), ("127.64.1.4", 1)]
+    firsts = [endpoints.pick(found, turn)[0] for turn in range(4)]
+    assert firsts == [found[0], found[1], found[2], found[0]]
+    assert endpoints.pick(found, 1) == [found[1], found[2], found[0]]
+    assert endpoints.pick([], 5) == []
+
+
+def test_listeners_only_for_loopback_cluster_ips_of_the_service_range_and_tcp_ports() -> None:
+    ports: list[dict[str, Any]] = [{"port": 80}, {"port": 53, "protocol": "UDP"}]
+    wanted, refused = endpoints.listeners(service("s", ports=ports), "127.96.0.0/16")
+    assert wanted == [endpoints.Listener("ns", "s", "127.96.3.4", 80)] and refused is None
+    for ip in ("10.96.0.10", "127.97.0.1"):
+        wanted, refused = endpoints.listeners(service("s", ip=ip), "127.96.0.0/16")
+        assert wanted == [] and refused is not None and ip in refused
+    assert endpoints.listeners(service("s", ip="None"), "127.96.0.0/16") == ([], None)
+    assert not endpoints.is_loopback("10.0.0.1") and endpoints.is_loopback("127.64.0.9")
+
+
+# -- the proxy, forwarding real connections (no API server: the Service is given directly) ------
+async def _echo_name(name: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    request = await reader.readline()
+    writer.write(name + b" " + request)
+    await writer.drain()
+    writer.close()
+
+
+async def _ask(ip: str, port: int) -> bytes:
+    reader, writer = await asyncio.open_connection(ip, port)
+    writer.write(b"hello\n")
+    await writer.drain()
+    try:
+        answer = await asyncio.wait_for(reader.read(), 60)
+    except ConnectionResetError:  # closed unread, with our request in its buffer
+        answer = b""
+    writer.close()
+    return answer
+
+
+async def _proxy_round_trip() -> tuple[list[bytes], bytes]:
+    rng = random.Random()
+    base = f"127.{rng.randint(200, 250)}.{rng.randint(1, 250)}"
+    backends = [
+        await asyncio.start_server(functools.partial(_echo_name, n), f"{base}.{i + 2}", 0)
+        for i, n in enumerate((b"one", b"two"))
+    ]
+    pods = [
+        endpoint(f"{base}.{i + 2}", ports={"web": s.sockets[0].getsockname()[1]})
+        for i, s in enumerate(backends)
+    ]
+    ready = {"now": True}
+    proxy = ServiceProxy(
+        KubeApi("https://127.0.0.1:1", ssl.create_default_context()),  # never called here
+        f"{base}.0/24",
+        lambda: [p if ready["now"] else endpoint(p.ip, ready=False) for p in pods],
+    )
+    svc = service("s", ip=f"{base}.1", ports=[{"port": rng.randint(20000, 60000), "targetPort": "web"}])
+    proxy.services[svc.key] = svc
+    await proxy._sync(svc.key)
+    port = svc.spec.ports[0].port
+    answers = [await _ask(f"{base}.1", port) for _ in range(4)]
+    ready["now"] = False
+    closed = await _ask(f"{base}.1", port)
+    await proxy.close()
+    for backend in backends:
+        backend.close()
+    return answers, closed
+
+
+def test_the_proxy_forwards_round_robin_and_closes_when_no_pod_is_ready() -> None:
+    answers, closed = asyncio.run(_proxy_round_trip())
+    assert answers == [b"one hello\n", b"two hello\n", b"one hello\n", b"two hello\n"]
+    assert closed == b""
+
+
+@pytest.mark.parametrize("cidr", ["10.96.0.0/16", "127.96.0.0/33"])
+def test_the_runtime_refuses_a_service_range_outside_loopback(cidr: str) -> None:
+    from strata.cluster.podruntime.main import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--kubeconfig=k", "--root=r", "--logs=l", f"--service-cidr={cidr}"])
