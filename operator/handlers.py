@@ -61,7 +61,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     policy = ClientPolicy(max_in_flight=config.api_max_in_flight, timeout_floor_s=config.api_timeout_s)
     runtime = Runtime.build(KubeClient.from_environment(policy=policy), config, kopf_sink)
     if config.metrics_port:
-        runtime.metrics.serve(config.metrics_port)
+        runtime.metrics.serve(config.metrics_port, config.metrics_host)
     memo["strata"] = runtime
     peering = settings.peering  # kopf.run has filled it in by now
     memo["strata_autoscaler"] = AutoscalerSlot(

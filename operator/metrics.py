@@ -78,5 +78,5 @@ class OperatorMetrics:
     def throttled(self) -> None:
         self.api_throttled.inc()
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

@@ -7,6 +7,7 @@ run)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -62,6 +63,9 @@ class OperatorSettings:
     # is replaced by a standby after at most this long.
     peering_lifetime_s: int = 60
     metrics_port: int = 9090
+    # The address the metrics server binds; the chart gives the pod IP (on the test cluster's
+    # local pod runtime every pod shares the host's ports, and a Service's ClusterIP:port too).
+    metrics_host: str = "0.0.0.0"
     uid: int = 10001
     # How often the autoscaler scrapes the workers, writes status.signals and decides.
     autoscale_interval_s: int = 15
@@ -85,6 +89,7 @@ _ENV = {
     "image_pull_secrets": "STRATA_IMAGE_PULL_SECRETS",
     "peering_lifetime_s": "STRATA_PEERING_LIFETIME_S",
     "metrics_port": "STRATA_METRICS_PORT",
+    "metrics_host": "STRATA_METRICS_HOST",
     "autoscale_interval_s": "STRATA_AUTOSCALE_INTERVAL_S",
     "utilization_window_s": "STRATA_UTILIZATION_WINDOW_S",
     "api_timeout_s": "STRATA_API_TIMEOUT_S",
@@ -134,9 +139,18 @@ def _convert(key: str, raw: str) -> Any:
         "api_max_in_flight",
     ):
         return _positive_number(key, raw)
+    if key == "metrics_host":
+        return _address(key, raw)
     if key == "nvme_host_path" and not raw.startswith("/"):
         raise SettingsError(f"{_ENV[key]}: {raw!r} must be an absolute path")
     return raw
+
+
+def _address(key: str, raw: str) -> str:
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise SettingsError(f"{_ENV[key]}: {raw!r} is not an IP address") from None
 
 
 def _positive_number(key: str, raw: str) -> int:

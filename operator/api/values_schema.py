@@ -216,6 +216,10 @@ def values_schema() -> JsonDict:
         crds=obj("CRD upgrades.", upgrade=boolean("Apply this version's CRDs in a pre-upgrade hook Job.")),
         monitoring=monitoring_schema(),
         rbac=obj("RBAC.", create=boolean("Create the ClusterRole and its binding.")),
+        test=obj(
+            "The `helm test` pod.",
+            timeoutSeconds=integer("Seconds it waits for the operator to answer /healthz.", 1),
+        ),
         serviceAccount=obj(
             "The operator's ServiceAccount.",
             create=boolean("Create it."),

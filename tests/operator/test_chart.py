@@ -13,6 +13,9 @@ import yaml
 
 from strata.cluster import Cluster
 from strata.cluster.binaries import find_bin_dir
+from strata.cluster.podruntime import env as envs
+from strata.cluster.podruntime import services
+from strata.cluster.podruntime.spec import parse_pod
 from strata.operator.api import generate
 from strata.operator.settings import ROUTER_RESOURCES, settings_from_env
 
@@ -150,7 +153,7 @@ def test_pull_secrets_annotations_and_labels_reach_the_pods() -> None:
     assert pod["spec"]["imagePullSecrets"] == [{"name": "opregcred"}]
     assert pod["metadata"]["annotations"] == {"team": "ml"}
     assert pod["metadata"]["labels"]["cost-center"] == "ml-platform"
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert json.loads(env["STRATA_IMAGE_PULL_SECRETS"]) == [{"name": "regcred"}]
     (sa,) = [s for s in by_kind(docs, "ServiceAccount") if s["metadata"]["name"] == "strata"]
     assert sa["metadata"]["annotations"] == {"iam.example/role": "strata"}
@@ -165,13 +168,15 @@ def test_router_placement_and_resources_reach_the_operator_settings() -> None:
         "limits": {"memory": "1Gi"},
     }
     assert settings_from_env(env_of(render())).router_resources == ROUTER_RESOURCES
+    assert settings_from_env(env_of(render())).metrics_host == "127.64.1.2"
 
 
 def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The operator container's environment as a kubelet resolves it (the pod at a sample IP)."""
     (deployment,) = by_kind(docs, "Deployment")
-    return {
-        e["name"]: e.get("value", "") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
+    meta = {"name": "op", "namespace": "strata-system", "uid": "u"}
+    pod = parse_pod({"metadata": meta, "spec": deployment["spec"]["template"]["spec"]})
+    return envs.container_env(pod.spec.containers[0], envs.PodFacts(pod, "127.64.1.2", "127.0.0.1"), {}, {})
 
 
 def test_fullname_override_names_every_object_and_the_peering_follows_the_release() -> None:
@@ -207,29 +212,24 @@ def test_crd_upgrade_hook_may_patch_only_strata_crds() -> None:
     assert by_kind(render("crds.upgrade=false"), "Job") == []
 
 
-def test_helm_test_hook_checks_the_operator_liveness_through_its_service() -> None:
-    docs = yaml.safe_load_all(
-        helm(
-            "template",
-            "strata",
-            str(CHART),
-            "-n",
-            "strata-system",
-            "--kube-version",
-            KUBE_VERSION,
-            "--show-only",
-            "templates/tests/operator-ready.yaml",
-        )
-    )
-    (pod,) = [d for d in docs if d]
-    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    args = pod["spec"]["containers"][0]["args"]
-    assert args[:2] == ["operator", "ready"]
-    assert "--url=http://strata-metrics.strata-system.svc:8080/healthz" in args
-    (service,) = by_kind(render(), "Service")
-    assert {"name": "liveness", "port": 8080, "targetPort": "liveness"} in service["spec"]["ports"]
-    # The test pod is not one of the operator's pods.
-    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] != "strata-operator"
+def test_helm_test_hook_checks_the_operator_liveness_through_its_service_variables() -> None:
+    for sets, name in (((), "strata-metrics"), (("fullnameOverride=my-llm",), "my-llm-metrics")):
+        docs = render(*sets, "operator.nodeSelector.pool=ops")
+        (pod,) = [d for d in docs if d["metadata"]["name"].endswith("-test-ready")]
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        assert pod["spec"]["nodeSelector"] == {"pool": "ops"}  # where the operator runs
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[:2] == ["operator", "ready"]
+        # The kubelet's variables of the operator's Service (enableServiceLinks), not DNS.
+        (service,) = by_kind(docs, "Service")
+        assert service["metadata"]["name"] == name
+        assert {"name": "liveness", "port": 8080, "targetPort": "liveness"} in service["spec"]["ports"]
+        service["spec"]["clusterIP"] = "127.96.7.8"
+        env = services.service_env([services.parse_service(service)], "strata-system")
+        assert "--url=http://127.96.7.8:8080/healthz" in [envs.expand(a, env) for a in args]
+        assert pod["spec"]["enableServiceLinks"] is True
+        # The test pod is not one of the operator's pods.
+        assert pod["metadata"]["labels"]["app.kubernetes.io/name"] != "strata-operator"
 
 
 def test_two_replicas_use_peering_with_random_priorities():
@@ -280,11 +280,17 @@ def test_operator_pod_is_hardened_and_probed():
     container = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["STRATA_NVME_VOLUME"] == "ephemeral"
-    assert by_kind(render("worker.nvmeVolume=hostPath"), "Deployment")[0]["spec"]["template"]["spec"][
+    (other,) = by_kind(render("worker.nvmeVolume=hostPath"), "Deployment")
+    assert {"name": "STRATA_NVME_VOLUME", "value": "hostPath"} in other["spec"]["template"]["spec"][
         "containers"
-    ][0]["env"][2] == {"name": "STRATA_NVME_VOLUME", "value": "hostPath"}
+    ][0]["env"]
+    # Both servers on the pod IP (defined before it is used), never 0.0.0.0: on the test
+    # cluster's local pod runtime pods share the host's ports, and Service ClusterIPs too.
+    assert container["env"][0] == {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert env["STRATA_METRICS_HOST"] == "$(POD_IP)"
+    assert "--liveness=http://$(POD_IP):8080/healthz" in container["args"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
 
 

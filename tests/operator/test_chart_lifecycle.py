@@ -6,6 +6,7 @@ what Helm creates, changes and removes; the CRD upgrade hook runs for real on th
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 
 from strata.cluster import Cluster
 from strata.cluster.nodes import LOCAL_TOLERATION, POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
-from strata.stack import get, inference_service
+from strata.stack import free_port, get, inference_service, items, wait_for
 from strata.stack.chart import CHART, RELEASE, SYSTEM_NAMESPACE, install_chart, wait_admitted
 
 from .test_chart import apply_older_servicetier_crd, printer_columns, printer_columns_of
@@ -29,6 +30,10 @@ SECOND_RELEASE = (
     "operator.replicas=1",
 )
 POLICY = "strata-inferenceservice-tier-limits"
+TEST_POD = f"{RELEASE}-test-ready"
+# What Helm may wait for a rollout or the test pod: generous, a slow machine's cold start included.
+HELM_WAIT = "10m"
+WAIT_S = 600.0
 # The operator's pods and the hook Job where the local pod runtime runs them (KWOK's nodes only
 # pretend: a Job there completes without running).
 ON_THE_LOCAL_NODE = (
@@ -119,3 +124,58 @@ def test_two_releases_install_upgrade_and_uninstall_as_documented(
     # The CRDs stay, and with them every InferenceService.
     assert get(cluster, "crd", "inferenceservices.strata.dev") is not None
     assert get(cluster, "inferenceservice", "kept", a) is not None
+
+
+@pytest.fixture
+def fresh_namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"strata-t-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        helm_quiet(cluster, "uninstall", RELEASE, "-n", name, "--ignore-not-found", "--wait")
+        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def helm_test(cluster: Cluster, namespace: str) -> subprocess.CompletedProcess[str]:
+    """``helm test`` as an admin runs it; Helm waits for the test pod (generously bounded)."""
+    argv = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig)]
+    argv += ["test", RELEASE, "-n", namespace, "--timeout", HELM_WAIT]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=900)
+
+
+def test_helm_test_reaches_the_operator_through_its_service_and_fails_without_one(
+    cluster: Cluster, fresh_namespace: str
+) -> None:
+    ns = fresh_namespace
+    # The operator and the test pod on the local node, where they run for real; this release
+    # serves only its namespace and takes no cluster-wide object (as the second release above).
+    # Pods share the host's ports there: free ones.
+    ports = (f"operator.livenessPort={free_port()}", f"operator.metricsPort={free_port()}")
+    where = (*ON_THE_LOCAL_NODE, *SECOND_RELEASE, f"operator.watchNamespaces={{{ns}}}", *ports)
+    release(cluster, "install", ns, *where, "--wait", f"--timeout={HELM_WAIT}")
+    service = get(cluster, "service", f"{RELEASE}-metrics", ns)
+    liveness = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "liveness")
+
+    passed = helm_test(cluster, ns)
+    assert passed.returncode == 0, f"helm test failed:\n{passed.stdout}\n{passed.stderr[-3000:]}"
+    assert re.search(r"Phase:\s+Succeeded", passed.stdout), passed.stdout
+    # Through the Service's ClusterIP (the runtime's proxy), found by the kubelet's variables.
+    url = f"http://{service['spec']['clusterIP']}:{liveness}/healthz"
+    assert f"operator ready: {url} answered 200" in cluster.container_log(ns, TEST_POD, "ready")
+
+    # No operator replica: no Ready pod behind the Service, so the test pod fails (after its own
+    # short wait: nothing can answer) and `helm test` with it.
+    release(cluster, "upgrade", ns, "--reuse-values", "operator.replicas=0", "test.timeoutSeconds=3")
+    wait_for(
+        lambda: not items(cluster, "pods", ns, "app.kubernetes.io/component=operator"),
+        WAIT_S,
+        "the operator's pods gone",
+    )
+    failed = helm_test(cluster, ns)
+    assert failed.returncode != 0, f"helm test passed with no operator:\n{failed.stdout}"
+    assert re.search(r"Phase:\s+Failed", failed.stdout) or f"{TEST_POD} failed" in failed.stderr, (
+        failed.stderr
+    )
+    log = cluster.container_log(ns, TEST_POD, "ready")
+    assert f"operator not ready after 3 s: {url}" in log, log

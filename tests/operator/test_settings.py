@@ -14,6 +14,7 @@ def test_environment_is_read():
         {
             "STRATA_NVME_VOLUME": "hostPath",
             "STRATA_METRICS_PORT": "9191",
+            "STRATA_METRICS_HOST": "127.64.1.2",
             "STRATA_TOLERATIONS": '[{"key": "a", "operator": "Exists"}]',
             "STRATA_IMAGE_PULL_SECRETS": '[{"name": "regcred"}, {"name": "mirror.creds"}]',
             "STRATA_ROUTER_NODE_SELECTOR": '{"pool": "cpu", "kubernetes.io/os": "linux"}',
@@ -22,7 +23,7 @@ def test_environment_is_read():
     )
     assert s.router_node_selector == (("kubernetes.io/os", "linux"), ("pool", "cpu"))
     assert s.router_resources.manifest() == {"requests": {"cpu": "50m"}, "limits": {"memory": "1.5Gi"}}
-    assert s.nvme_volume == "hostPath" and s.metrics_port == 9191
+    assert s.nvme_volume == "hostPath" and s.metrics_port == 9191 and s.metrics_host == "127.64.1.2"
     assert s.tolerations == ({"key": "a", "operator": "Exists"},)
     assert s.image_pull_secrets == ("regcred", "mirror.creds")
 
@@ -33,6 +34,7 @@ def test_environment_is_read():
         ("nvme_volume", "tmpfs", "STRATA_NVME_VOLUME"),
         ("metrics_port", "-1", "STRATA_METRICS_PORT"),
         ("metrics_port", "x", "not a number"),
+        ("metrics_host", "pod-ip", "STRATA_METRICS_HOST: 'pod-ip' is not an IP address"),
         ("peering_lifetime_s", "0", "positive"),
         ("tolerations", "{", "not JSON"),
         ("tolerations", '{"key": "a"}', "JSON list"),
