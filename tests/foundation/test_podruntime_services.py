@@ -129,6 +129,9 @@ def test_endpoints_are_the_ready_selected_pods_at_their_named_or_numbered_target
     assert endpoints.endpoints(numbered, 82, pods[:1]) == [("127.64.1.3", 82)]
     assert endpoints.endpoints(numbered, 83, pods[:1]) == []
     assert endpoints.endpoints(service("s", selector={}), 80, pods) == []
+    # Never beyond this machine: a pod IP outside loopback is refused, never connected to.
+    outside = endpoints.endpoints(service("s"), 80, [endpoint("10.1.2.3"), *pods[:1]])
+    assert endpoints.split_loopback(outside) == ([("127.64.1.3", 8000)], [("10.1.2.3", 8000)])
 
 
 def test_pick_goes_round_robin_with_the_others_as_fallbacks() -> None:

@@ -5,7 +5,7 @@ A Service's endpoints for one of its ports are the Ready, not terminating pods o
 that its selector matches, at the port its ``targetPort`` names (a number, or a container port's
 name; a pod without that name is left out, as the endpoints controller does). Only loopback
 addresses are ever used: the proxy listens on no ClusterIP outside the cluster's Service range or
-127.0.0.0/8, and connects to no pod IP outside 127.0.0.0/8 (``is_loopback``).
+127.0.0.0/8, and connects to no pod IP outside 127.0.0.0/8 (``split_loopback``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def target_port(port: ServicePort, pod: PodEndpoint) -> int | None:
 
 def endpoints(service: Service, port: int, pods: Iterable[PodEndpoint]) -> list[tuple[str, int]]:
     """(pod IP, port) of every pod that serves ``service`` on ``port``, sorted (stable order for
-    the round robin)."""
+    the round robin). Pod IPs outside 127.0.0.0/8 are among them: ``split_loopback`` refuses them."""
     spec = next((p for p in service.spec.ports if p.port == port and p.protocol == "TCP"), None)
     if spec is None or not service.spec.selector:
         return []
@@ -90,6 +90,11 @@ def endpoints(service: Service, port: int, pods: Iterable[PodEndpoint]) -> list[
         if pod.ready and not pod.terminating and number is not None:
             found.append((pod.ip, number))
     return sorted(set(found))
+
+
+def split_loopback(found: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(the endpoints the proxy may connect to, those it refuses: outside 127.0.0.0/8)."""
+    return [e for e in found if is_loopback(e[0])], [e for e in found if not is_loopback(e[0])]
 
 
 def pick(candidates: list[tuple[str, int]], turn: int) -> list[tuple[str, int]]:

@@ -14,6 +14,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
+from pydantic import ValidationError
+
 from strata.cluster.podruntime import endpoints
 from strata.cluster.podruntime.endpoints import Listener, PodEndpoint
 from strata.cluster.podruntime.kubeapi import KubeApi
@@ -37,7 +39,11 @@ class ServiceProxy:
     async def run(self) -> None:
         try:
             async for event in self.api.watch("/api/v1/services", {}):
-                service = parse_service(event.object)
+                try:
+                    service = parse_service(event.object)
+                except ValidationError as error:  # never seen from an apiserver; one bad object stops nothing
+                    log.warning("service not understood, not proxied: %s", error)
+                    continue
                 if event.type == "DELETED":
                     self.services.pop(service.key, None)
                 else:
@@ -107,10 +113,10 @@ class ServiceProxy:
             return None
         turn = self.turns.get(listener, 0)
         self.turns[listener] = turn + 1
-        for ip, port in endpoints.pick(endpoints.endpoints(service, listener.port, self.pods()), turn):
-            if not endpoints.is_loopback(ip):
-                log.error("refusing to forward to %s:%d: not a loopback address", ip, port)
-                continue
+        usable, refused = endpoints.split_loopback(endpoints.endpoints(service, listener.port, self.pods()))
+        for ip, port in refused:
+            log.error("refusing to forward to %s:%d: not a loopback address", ip, port)
+        for ip, port in endpoints.pick(usable, turn):
             with contextlib.suppress(OSError, TimeoutError):
                 return await asyncio.wait_for(asyncio.open_connection(ip, port), CONNECT_TIMEOUT_S)
         log.info(
