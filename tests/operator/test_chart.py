@@ -113,6 +113,10 @@ def test_tier_overrides_merge_over_the_defaults_and_add_tiers() -> None:
 
 
 def test_notes_say_what_to_do_next_and_warn_about_the_policy_delay(cluster: Cluster) -> None:
+    # The CRDs first, as Helm installs them (a dry run does not, and its objects need their kinds):
+    # alone or after tests/api only, nothing has installed kopf's peering CRD yet.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "-f", str(CHART / "crds"), "--timeout=300s")
     # A server-side dry run renders for the cluster's version and creates nothing.
     notes = helm(
         "install",
