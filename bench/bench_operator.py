@@ -6,28 +6,33 @@ Starts its own control plane with ``nodes`` KWOK GPU nodes, installs the chart, 
    each as large as the child it stands for, with the operator's own client (strata.operator.kube)
    and its in-flight limit, before the operator runs;
 2. burst: ``services`` InferenceServices in ``tenants`` namespaces, applied at once: until every
-   child exists (a service's workload is applied after its other children, so a watch on the
-   workloads sees that) and until every service is Ready by status;
+   child exists (a service's two Deployments, its workload and its router's, are applied after
+   its other children, so a watch on Deployments sees that) and until every service is Ready;
 3. steady: services applied at ``rate_per_s`` for ``steady_s``: apply -> all children and
    apply -> Ready, p50 and p99;
 4. idle: ``idle_s`` with every service Ready and no traffic.
 
 Reconciles, status refreshes, retries and client-side throttling come from the operator's own
-metrics; its requests (watches and Events included) and any 429s from the API server's own
-counters (bench.fleet.flow_schema). Readiness is watched by bench.watch: a dropped watch resumes,
-and a phase that times out says how many services were Ready by status at that moment.
+metrics, and so does where a phase's time went (``*_waits``: p50/p99 of the reconcile queue,
+the client's in-flight slot, the API server's answer and the operator's event-loop lag); its
+requests (watches and Events included) and any 429s from the API server's own counters
+(bench.fleet.flow_schema). Readiness is watched by bench.watch: a dropped watch resumes, and a
+phase that times out says how many services were Ready by status at that moment.
 
 Heavy: 1,600 services on 100 fake nodes keep a small machine busy for a long while. Run it
-alone, in the background (``nice python -m bench operator``); ``Scale`` shrinks it."""
+alone, in the background (``nice python -m bench operator``); ``STRATA_BENCH_SERVICES=300``
+shrinks it (``Scale.sized``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,13 @@ ISVC_PATH = "/apis/strata.dev/v1alpha1/inferenceservices"
 WORKLOAD_PATH = "/apis/apps/v1/deployments"
 MANAGED = "app.kubernetes.io/managed-by=strata-operator"
 SERVICE_LABEL = "strata.dev/inferenceservice"
+DEPLOYMENTS_PER_SERVICE = 2  # the workload and the router's
+WAITS = {  # where the time of a phase went, from the operator's histograms
+    "queue": "strata_operator_reconcile_queue_seconds",
+    "api_slot": "strata_operator_api_slot_wait_seconds",
+    "api_answer": "strata_operator_api_request_duration_seconds",
+    "loop_lag": "strata_operator_event_loop_lag_seconds",
+}
 TARGETS = {  # issue 15's thresholds
     "idle_api_requests_per_service_per_min": 0.5,
     "burst_children_over_raw": 1.5,
@@ -60,6 +72,20 @@ class Scale:
     steady_s: float = 60.0
     idle_s: float = 300.0
     timeout_s: float = 1800.0  # per wait; a phase that runs out reports how far it got
+
+    @classmethod
+    def sized(cls, services: int) -> Scale:
+        """A smaller run: as many steady services as burst ones (at most the full minute), and
+        nodes for both at one GPU each."""
+        rate = cls.rate_per_s
+        steady_s = min(cls.steady_s, services / rate)
+        gpus = services + int(rate * steady_s)
+        return cls(services=services, nodes=max(1, -(-gpus // cls.gpus_per_node)), steady_s=steady_s)
+
+    @classmethod
+    def from_env(cls) -> Scale:
+        given = os.environ.get("STRATA_BENCH_SERVICES")
+        return cls.sized(int(given)) if given else cls()
 
 
 @dataclass(frozen=True)
@@ -90,18 +116,25 @@ class Fleet:
     def __init__(self, cluster: Cluster, operator: OperatorProcess, scale: Scale) -> None:
         self.cluster, self.operator, self.scale = cluster, operator, scale
         self.ready = FirstSeen(ready)
-        self.children = FirstSeen(lambda _: True, key=_owning_service)
+        self.children = FirstSeen(lambda _: True, key=_every_deployment())
         self.watches = [
             ResumableWatch(cluster, ISVC_PATH, self.ready),
             ResumableWatch(cluster, WORKLOAD_PATH, self.children, selector=MANAGED),
         ]
         self.namespaces = [f"tenant-{i}" for i in range(scale.tenants)]
 
-    def counters(self) -> Counters:
+    def scrape(self) -> str:
         with urllib.request.urlopen(
             f"http://127.0.0.1:{self.operator.metrics_port}/metrics", timeout=30
         ) as r:
-            mine = r.read().decode()
+            return str(r.read().decode())
+
+    def histograms(self) -> dict[str, dict[float, float]]:
+        mine = self.scrape()
+        return {k: fleet.buckets(mine, name) for k, name in WAITS.items()}
+
+    def counters(self) -> Counters:
+        mine = self.scrape()
         server = fleet.apiserver_metrics(self.cluster)
         assert self.operator.proc is not None
         return Counters(
@@ -142,11 +175,12 @@ class Fleet:
 
     def _count_children(self, keys: set[tuple[str, str]]) -> int:
         listed = self.cluster.kubectl_json("get", "deployments", "-A", "-l", MANAGED)["items"]
-        return len({_owning_service(o) for o in listed} & keys)
+        count = _every_deployment()
+        return len({count(o) for o in listed} & keys)
 
 
 def run(scale: Scale | None = None) -> dict[str, Any]:
-    scale = scale or Scale()
+    scale = scale or Scale.from_env()
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         shape = GpuNodeShape(gpus=scale.gpus_per_node)
         config = ClusterConfig(gpu_nodes=scale.nodes, node_shape=shape, start_timeout_s=600)
@@ -211,7 +245,7 @@ def measure(f: Fleet, result: dict[str, Any]) -> None:
 
 
 def burst_phase(f: Fleet, result: dict[str, Any]) -> None:
-    started = time.monotonic()
+    before, started = f.histograms(), time.monotonic()
     sent = f.apply("burst", f.scale.services, per_s=None)
     keys = set(sent)
     result.update(services=len(keys), burst_apply_s=round(time.monotonic() - started, 2))
@@ -219,11 +253,13 @@ def burst_phase(f: Fleet, result: dict[str, Any]) -> None:
     result["burst_all_children_s"] = round(max(children.values()) - started, 2)
     ready_at = f.wait(f.ready, keys, "services Ready")
     result["burst_all_ready_s"] = round(max(ready_at.values()) - started, 2)
+    result["burst_waits"] = waits(before, f.histograms())
 
 
 def steady_phase(f: Fleet, result: dict[str, Any]) -> None:
     count = int(f.scale.rate_per_s * f.scale.steady_s)
     result.update(steady_services=count, steady_rate_per_s=f.scale.rate_per_s)
+    before = f.histograms()
     sent = f.apply("steady", count, per_s=f.scale.rate_per_s)
     children = f.wait(f.children, set(sent), "steady services with every child")
     to_children = sorted(children[k] - sent[k] for k in sent)
@@ -233,6 +269,16 @@ def steady_phase(f: Fleet, result: dict[str, Any]) -> None:
     to_ready = sorted(ready_at[k] - sent[k] for k in sent)
     result["steady_ready_p50_s"] = round(statistics.median(to_ready), 3)
     result["steady_ready_p99_s"] = round(_p99(to_ready), 3)
+    result["steady_waits"] = waits(before, f.histograms())
+
+
+def waits(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> dict[str, Any]:
+    """p50 and p99 (bucket upper bounds, seconds) of each of WAITS over a phase."""
+    return {
+        f"{k}_{q}": fleet.quantile(before[k], after[k], level)
+        for k in WAITS
+        for q, level in (("p50", 0.5), ("p99", 0.99))
+    }
 
 
 def idle_phase(f: Fleet, result: dict[str, Any]) -> None:
@@ -294,6 +340,21 @@ def create_namespaces(cluster: Cluster, names: list[str]) -> None:
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
     return (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def _every_deployment() -> Callable[[dict[str, Any]], tuple[str, str] | None]:
+    """A FirstSeen key: a service's key once both its Deployments have been seen, else None."""
+    seen: dict[tuple[str, str], set[str]] = {}
+
+    def key(obj: dict[str, Any]) -> tuple[str, str] | None:
+        service = _owning_service(obj)
+        if service is None:
+            return None
+        names = seen.setdefault(service, set())
+        names.add(obj["metadata"]["name"])
+        return service if len(names) >= DEPLOYMENTS_PER_SERVICE else None
+
+    return key
 
 
 def _owning_service(obj: dict[str, Any]) -> tuple[str, str] | None:

@@ -22,6 +22,7 @@ from strata.cluster import Cluster
 from strata.operator.kube import KubeClient
 from strata.operator.render.configmap import render_configmap
 from strata.operator.render.pdb import render_pdb
+from strata.operator.render.router import render_router
 from strata.operator.render.services import render_client_service, render_metrics_service
 from strata.operator.render.workload import render_workload
 from strata.operator.resolve import ResolveInput, resolve
@@ -67,18 +68,21 @@ def flow_schema() -> dict[str, Any]:
 
 
 def child_sizes() -> list[int]:
-    """Bytes of each child the operator renders for one benchmark service, as JSON."""
+    """Bytes of each child the operator renders for one benchmark service, as JSON (the
+    router's five included: the raw phase creates as many objects as the operator does)."""
     tier = yaml.safe_load((CHART / "files" / "servicetiers" / "standard.yaml").read_text())
     tier["metadata"]["uid"] = "tier-uid"
     body = inference_service("svc-0")
     body["metadata"].update(namespace="tenant-0", uid="0b5e7c1e-1111-4222-8333-444455556666")
     plan = resolve(ResolveInput(body, tier, "0b5e7c1e-1111-4222-8333-444455556667"))
+    settings = OperatorSettings(nvme_volume="hostPath")
     children = [
         render_configmap(plan),
         render_client_service(plan),
         render_metrics_service(plan),
         render_pdb(plan),
-        render_workload(plan, OperatorSettings(nvme_volume="hostPath")),
+        render_workload(plan, settings),
+        *render_router(plan, settings),
     ]
     return [len(json.dumps(c)) for c in children]
 
@@ -144,6 +148,28 @@ def samples(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def buckets(text: str, name: str) -> dict[float, float]:
+    """A histogram's cumulative bucket counts by upper bound, summed over its label sets."""
+    counts: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            head, _, value = line.rpartition(" ")
+            bound = head.split('le="', 1)[1].split('"', 1)[0]
+            le = float("inf") if bound == "+Inf" else float(bound)
+            counts[le] = counts.get(le, 0.0) + float(value)
+    return counts
+
+
+def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile ``q`` of what was observed in between
+    (None when nothing was)."""
+    bounds = sorted(after)
+    delta = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not delta or delta[-1] <= 0:
+        return None
+    return next(b for b, n in zip(bounds, delta, strict=True) if n >= q * delta[-1])
 
 
 def apiserver_metrics(cluster: Cluster) -> str:

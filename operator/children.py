@@ -47,6 +47,9 @@ class Applier:
     # Tier name -> (uid, priority) of the PriorityClass applied by this process; a PriorityClass
     # edited or deleted by someone else is re-applied from its watch, which refreshes this.
     priority_classes: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Children whose apply has been sent and not yet answered: under load the watch event of our
+    # own write often arrives before the answer, and would look like someone else's change.
+    in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = field(default_factory=dict)
 
     async def apply_service(
         self, plan: ServicePlan, owner: Mapping[str, Any], tier: Mapping[str, Any]
@@ -54,22 +57,26 @@ class Applier:
         """Apply every child of ``plan``; returns the workload as the API server now has it."""
         await self.ensure_priority_class(tier)
         await self._retire_other_workload(plan, owner)
-        side = [
+        router = render_router(plan, self.settings)
+        # Two rounds, each applied at once: everything the pods need (config, the router's
+        # account and rights, Services, budgets, claims), then the two Deployments that make pods.
+        first = [
             render_configmap(plan),
             render_client_service(plan),
             render_metrics_service(plan),
             render_pdb(plan),
+            *router[:-1],
         ]
         claim = render_shared_claim(plan)
         if claim is not None:
-            side.append(claim)
+            first.append(claim)
+        workload = render_workload(plan, self.settings)
         written = Written()
         try:
-            await asyncio.gather(*(self.apply_if_changed(m, written) for m in side))
-            for manifest in render_router(plan, self.settings):  # in order: account, rights, pods
-                await self.apply_if_changed(manifest, written)
-            workload = render_workload(plan, self.settings)
-            applied = await self.apply_if_changed(workload, written)
+            await asyncio.gather(*(self.apply_if_changed(m, written) for m in first))
+            applied, _ = await asyncio.gather(
+                self.apply_if_changed(workload, written), self.apply_if_changed(router[-1], written)
+            )
         finally:
             written.announce(self.events, owner)
         if applied is not None:
@@ -100,8 +107,22 @@ class Applier:
         if key in self.seen:
             self.observed[key] = "deleted" if deleted else _marker(meta)
 
+    async def settled(self, kind: str, meta: Mapping[str, Any]) -> None:
+        """Wait until no apply of this child is on its way: then :meth:`is_own_write` can tell
+        the echo of our own write from a change by someone else."""
+        pending = self.in_flight.get((kind, meta.get("namespace", ""), meta.get("name", "")))
+        if pending is not None:
+            await asyncio.shield(pending)
+
     async def apply(self, manifest: Mapping[str, Any], written: Written) -> Obj:
-        obj, created = await self.kube.apply_created(manifest)
+        sent = _key(manifest)
+        answered = self.in_flight[sent] = asyncio.get_running_loop().create_future()
+        try:
+            obj, created = await self.kube.apply_created(manifest)
+        finally:
+            if self.in_flight.get(sent) is answered:
+                del self.in_flight[sent]
+            answered.set_result(None)
         kind, meta = manifest["kind"], obj.get("metadata", {})
         key = (kind, meta.get("namespace", ""), meta.get("name", ""))
         marker = _marker(meta)

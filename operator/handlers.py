@@ -24,7 +24,14 @@ from strata.operator.events import kopf_sink
 from strata.operator.kube import ClientPolicy, KubeClient
 from strata.operator.runtime import Runtime
 from strata.operator.settings import OperatorSettings, settings_from_env
-from strata.operator.views import PodRef, ServiceKey, owning_service, ready_pod, snapshot
+from strata.operator.views import (
+    PodRef,
+    ServiceKey,
+    owning_service,
+    ready_pod,
+    snapshot,
+    workload_snapshot,
+)
 
 CHILD_RESOURCES = (
     ("apps", "v1", "deployments"),
@@ -62,6 +69,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     runtime = Runtime.build(KubeClient.from_environment(policy=policy), config, kopf_sink)
     if config.metrics_port:
         runtime.metrics.serve(config.metrics_port, config.metrics_host)
+    runtime.start()
     memo["strata"] = runtime
     peering = settings.peering  # kopf.run has filled it in by now
     memo["strata_autoscaler"] = AutoscalerSlot(
@@ -166,13 +174,13 @@ def services_by_tier(*, namespace: str | None, name: str, spec: kopf.Spec, **_: 
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
 def deployments_by_service(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     key = owning_service(labels, namespace)
-    return {key: snapshot(body)} if key else None
+    return {key: workload_snapshot(body)} if key else None
 
 
 @kopf.index("apps", "v1", "statefulsets", labels=MANAGED)
 def statefulsets_by_service(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     key = owning_service(labels, namespace)
-    return {key: snapshot(body)} if key else None
+    return {key: workload_snapshot(body)} if key else None
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
@@ -214,11 +222,12 @@ async def service_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any)
     key: ServiceKey = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
         runtime.forget(key)
-        await runtime.recount_tiers()
+        runtime.recount_tiers()
         return
     if type == "MODIFIED" and _status_only(body):
         return  # our own status write (or a metadata edit): nothing to render differently
-    await asyncio.gather(runtime.reconcile(key), runtime.recount_tiers())
+    runtime.reconcile(key)
+    runtime.recount_tiers()
 
 
 @kopf.on.event(names.GROUP, names.VERSION, names.TIER_PLURAL)
@@ -226,11 +235,12 @@ async def tier_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) ->
     runtime = _runtime(memo, kwargs)
     services_by_tier: kopf.Index[str, ServiceKey] = kwargs["services_by_tier"]
     name = body.metadata.name or ""
-    await runtime.reconcile_tier(name)  # a deleted tier: forgets its status
+    runtime.reconcile_tier(name)  # a deleted tier: forgets its status
     # At start-up every service reconciles on its own initial event; a status write is no change.
     if type is None or (type == "MODIFIED" and _status_only(body)):
         return
-    await asyncio.gather(*(runtime.reconcile(key) for key in list(services_by_tier.get(name, []))))
+    for key in list(services_by_tier.get(name, [])):
+        runtime.reconcile(key)
 
 
 @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", labels=MANAGED)
@@ -260,6 +270,7 @@ async def child_event(
     body: kopf.Body = kwargs["body"]
     plural = kwargs["resource"].plural
     applier = runtime.reconciler.applier
+    await applier.settled(CHILD_KINDS[plural], body.metadata)
     own = applier.is_own_write(CHILD_KINDS[plural], body.metadata)
     applier.observe(CHILD_KINDS[plural], body.metadata, deleted=type == "DELETED")
     key = (namespace, service)
@@ -267,11 +278,11 @@ async def child_event(
         return  # a listing: at start-up the service's own event covers it; later, nothing moved
     if type == "MODIFIED" and plural in ("deployments", "statefulsets") and _status_only(body):
         # The controller moved the rollout along; a spec edit (drift) bumps the generation first.
-        await runtime.refresh_status(key)
+        runtime.refresh_status(key)
     elif type != "DELETED" and own:
         return  # the echo of our own apply, or a status move nothing reports (a PDB's count)
     else:
-        await runtime.reconcile(key)
+        runtime.reconcile(key)
 
 
 def _status_only(body: kopf.Body) -> bool:

@@ -92,6 +92,7 @@ class ApiObserver(Protocol):
     def request(self, verb: str, resource: str, code: str, seconds: float) -> None: ...
     def retry(self, reason: str) -> None: ...
     def throttled(self) -> None: ...
+    def slot_wait(self, seconds: float) -> None: ...
 
 
 class _Unobserved:
@@ -102,6 +103,9 @@ class _Unobserved:
         pass
 
     def throttled(self) -> None:
+        pass
+
+    def slot_wait(self, seconds: float) -> None:
         pass
 
 
@@ -245,11 +249,13 @@ class KubeClient:
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
         """One of the requests allowed in flight now (strata.operator.backoff.AdaptiveLimit)."""
+        asked = time.monotonic()
         async with self._room:
             if self._in_flight >= self.flow.limit:
                 self.observer.throttled()
             await self._room.wait_for(lambda: self._in_flight < self.flow.limit)
             self._in_flight += 1
+        self.observer.slot_wait(time.monotonic() - asked)
         try:
             yield
         finally:

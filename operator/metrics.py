@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+LOOP_LAG_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -65,6 +70,25 @@ class OperatorMetrics:
             "API requests that waited for a free slot under the client's in-flight limit.",
             registry=r,
         )
+        # Where a slow reconcile spends its time, apart from the API server's own latency above.
+        self.api_slot_wait = Histogram(
+            "strata_operator_api_slot_wait_seconds",
+            "Time a request waited for a slot under the client's in-flight limit.",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "strata_operator_reconcile_queue_seconds",
+            "Time from a trigger (a watch event, a retry) to the start of the reconcile it asked for.",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "strata_operator_event_loop_lag_seconds",
+            "How late the operator's event loop ran a timer: time it was busy with other work.",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
 
     # ApiObserver (strata.operator.kube): the client reports each request here.
     def request(self, verb: str, resource: str, code: str, seconds: float) -> None:
@@ -77,6 +101,16 @@ class OperatorMetrics:
 
     def throttled(self) -> None:
         self.api_throttled.inc()
+
+    def slot_wait(self, seconds: float) -> None:
+        self.api_slot_wait.observe(seconds)
+
+    async def watch_loop_lag(self, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
+        """Forever: sleep ``interval_s`` and record how much later than that the loop woke up."""
+        while True:
+            asked = time.monotonic()
+            await asyncio.sleep(interval_s)
+            self.loop_lag.observe(max(0.0, time.monotonic() - asked - interval_s))
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)

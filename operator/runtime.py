@@ -30,6 +30,7 @@ class Runtime:
     metrics: OperatorMetrics
     # Filled by the autoscaler of the active replica; exported on the same metrics endpoint.
     telemetry: Telemetry
+    lag_monitor: asyncio.Task[None] | None = None
 
     @classmethod
     def build(cls, kube: KubeClient, settings: OperatorSettings, events: EventSink) -> Runtime:
@@ -38,38 +39,39 @@ class Runtime:
         telemetry = Telemetry()
         metrics.registry.register(telemetry)
         applier = Applier(kube, settings, metrics, events, IndexViews())
-        return cls(
-            Reconciler(applier), TierReconciler(applier), KeyedRunner(), KeyedRunner(), metrics, telemetry
-        )
+        runner = KeyedRunner(workers=settings.reconcile_workers, on_wait=metrics.queue_wait.observe)
+        return cls(Reconciler(applier), TierReconciler(applier), runner, KeyedRunner(), metrics, telemetry)
 
     @property
     def views(self) -> IndexViews:
         return self.reconciler.applier.views
 
-    async def reconcile(self, key: ServiceKey) -> None:
+    # Triggers: each returns at once (KeyedRunner.submit); the runner coalesces and queues them.
+    def reconcile(self, key: ServiceKey) -> None:
         async def job() -> bool:
             return await self.reconciler.reconcile_service(key)
 
-        await self.runner.run(key, job, level=FULL)
+        self.runner.submit(key, job, level=FULL)
         self.metrics.managed.set(len(self.runner.keys()))
 
-    async def refresh_status(self, key: ServiceKey) -> None:
+    def refresh_status(self, key: ServiceKey) -> None:
         """Only the workload's status moved: refresh the service's status, apply nothing."""
 
         async def job() -> bool:
             return await self.reconciler.refresh_status(key)
 
-        await self.runner.run(key, job, level=STATUS)
+        self.runner.submit(key, job, level=STATUS)
 
-    async def reconcile_tier(self, name: str) -> None:
+    def reconcile_tier(self, name: str) -> None:
         async def job() -> bool:
             return await self.tiers.reconcile_tier(name)
 
-        await self.tier_runner.run(name, job)
+        self.tier_runner.submit(name, job)
 
-    async def recount_tiers(self) -> None:
+    def recount_tiers(self) -> None:
         """A service came, went or changed tier: each tier's status.services, if it moved."""
-        await asyncio.gather(*(self.reconcile_tier(name) for name in list(self.views.tiers)))
+        for name in list(self.views.tiers):
+            self.reconcile_tier(name)
 
     def forget(self, key: ServiceKey) -> None:
         self.runner.forget(key)
@@ -79,7 +81,14 @@ class Runtime:
         self.reconciler.forget(key, last_in_namespace=last)
         self.metrics.managed.set(len(self.runner.keys()))
 
+    def start(self) -> None:
+        """The background work that needs the running loop: the event-loop lag monitor."""
+        self.lag_monitor = asyncio.create_task(self.metrics.watch_loop_lag(), name="strata-loop-lag")
+
     async def close(self) -> None:
+        if self.lag_monitor is not None:
+            self.lag_monitor.cancel()
+            await asyncio.gather(self.lag_monitor, return_exceptions=True)
         await self.runner.close()
         await self.tier_runner.close()
         await self.reconciler.applier.kube.close()

@@ -76,6 +76,10 @@ class OperatorSettings:
     # and how many requests may be in flight at once.
     api_timeout_s: int = 10
     api_max_in_flight: int = 32
+    # Reconciles running at once (the rest wait their turn in order): enough to keep the API
+    # client's in-flight limit busy, few enough that a burst does not hold a rendered copy of
+    # every service's children in memory at once.
+    reconcile_workers: int = 64
 
 
 _ENV = {
@@ -94,6 +98,7 @@ _ENV = {
     "utilization_window_s": "STRATA_UTILIZATION_WINDOW_S",
     "api_timeout_s": "STRATA_API_TIMEOUT_S",
     "api_max_in_flight": "STRATA_API_MAX_IN_FLIGHT",
+    "reconcile_workers": "STRATA_RECONCILE_WORKERS",
 }
 
 
@@ -137,6 +142,7 @@ def _convert(key: str, raw: str) -> Any:
         "utilization_window_s",
         "api_timeout_s",
         "api_max_in_flight",
+        "reconcile_workers",
     ):
         return _positive_number(key, raw)
     if key == "metrics_host":

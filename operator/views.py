@@ -17,6 +17,11 @@ from strata.operator import names
 ServiceKey = tuple[str, str]  # (namespace, name)
 Body = Mapping[str, Any]
 BODY_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+# What the operator reads of a workload (status.rollout, Applier): its pod template, most of its
+# size, is what the operator itself rendered and is never read back.
+WORKLOAD_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "ownerReferences")
+WORKLOAD_SPEC = ("replicas",)
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # a second copy of the spec
 
 
 @dataclass(frozen=True)
@@ -80,12 +85,28 @@ class IndexViews:
 
 def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     """The fields worth keeping of a watch event's body (no deep copy: events are never changed).
-    metadata.managedFields is left out: nothing reads it, and it is a large part of every cached
-    service and workload (memory grows with the fleet)."""
+    metadata.managedFields and kubectl's last-applied annotation are left out: nothing reads
+    them, and they are a large part of every cached service (memory grows with the fleet)."""
     kept = {k: body[k] for k in BODY_FIELDS if k in body}
-    if "managedFields" in kept.get("metadata", {}):
-        kept["metadata"] = {k: v for k, v in kept["metadata"].items() if k != "managedFields"}
+    meta = kept.get("metadata", {})
+    if "managedFields" in meta or LAST_APPLIED in (meta.get("annotations") or {}):
+        kept["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+        if "annotations" in meta:
+            kept["metadata"]["annotations"] = annotations
     return kept
+
+
+def workload_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Deployment or StatefulSet as the operator reads it: identity, replicas and status."""
+    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {k: meta[k] for k in WORKLOAD_METADATA if k in meta},
+        "spec": {k: spec[k] for k in WORKLOAD_SPEC if k in spec},
+        "status": body.get("status") or {},
+    }
 
 
 def owning_service(

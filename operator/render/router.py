@@ -35,7 +35,7 @@ POD_READER_RULES: list[Manifest] = [{"apiGroups": [""], "resources": ["pods"], "
 
 
 def render_router(plan: ServicePlan, settings: OperatorSettings) -> list[Manifest]:
-    """Every router child, in apply order (the account before the pods that use it)."""
+    """Every router child, the Deployment last (it needs the account to exist for its pods)."""
     return [
         render_service_account(plan),
         render_role(plan),

@@ -22,7 +22,7 @@ from strata.stack.chart import install_chart
 from strata.stack.wait import free_port, wait_for
 
 NVME_HOST_PATH = "/var/lib/strata/nvme"
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 180.0  # imports and the first lists, on a loaded machine
 STOP_GRACE_S = 30.0
 
 
@@ -67,7 +67,11 @@ class OperatorProcess:
         argv = operator_argv(self.kubeconfig, self.metrics_port, self.liveness_port, *self.args)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-        wait_for(self._live, START_TIMEOUT_S, what=f"operator liveness (log {self.log})")
+        try:
+            wait_for(self._live, START_TIMEOUT_S, what=f"operator liveness (log {self.log})")
+        except BaseException:
+            self.stop()  # a start that failed leaves no process behind
+            raise
         return self
 
     def _live(self) -> bool:

@@ -4,13 +4,14 @@ The watch caches it reads are live views of the fake API's objects, as kopf's in
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from strata.operator.children import Applier
+from strata.operator.children import Applier, Written
 from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeError
 from strata.operator.metrics import OperatorMetrics
@@ -303,3 +304,32 @@ async def test_a_tier_reports_its_class_and_service_count_and_writes_only_change
     assert await tiers_reconciler.reconcile_tier("standard")
     assert kube.writes[applies:] == [("status", ("ServiceTier", "", "standard"))]
     assert kube.objects[("ServiceTier", "", "standard")]["status"]["services"] == 2
+
+
+async def test_the_watch_echo_of_an_apply_still_in_flight_is_known_as_our_own_write_once_it_lands():
+    """Under load the watch event of a create arrives before its answer: the handler waits for
+    the answer (Applier.settled) instead of taking the echo for someone else's change."""
+    kube, _, reconciler = setup()
+    applier, answer, written = reconciler.applier, asyncio.Event(), asyncio.Event()
+    real_apply = kube.apply_created
+
+    async def slow_apply(manifest: dict[str, Any], *, subresource: str = "") -> Any:
+        created = await real_apply(manifest, subresource=subresource)
+        written.set()
+        await answer.wait()  # the object exists (its watch event is out); the answer is late
+        return created
+
+    kube.apply_created = slow_apply
+    manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "team-a"}}
+    applying = asyncio.create_task(applier.apply(manifest, Written()))
+    await asyncio.wait_for(written.wait(), 5)
+    echo = kube.objects[("ConfigMap", "team-a", "c")]["metadata"]
+    assert not applier.is_own_write("ConfigMap", echo)  # what the handler saw before: a change
+    settled = asyncio.create_task(applier.settled("ConfigMap", echo))
+    await asyncio.sleep(0.01)
+    assert not settled.done()
+    answer.set()
+    await asyncio.wait_for(settled, 5)
+    assert applier.is_own_write("ConfigMap", echo)
+    await applying
+    await applier.settled("ConfigMap", echo)  # nothing in flight: returns at once

@@ -104,3 +104,55 @@ async def test_a_stronger_job_replaces_a_weaker_pending_one():
     release.set()
     await asyncio.gather(first, weak, strong, weaker)
     assert ran == ["first", "full"]
+
+
+async def test_submit_returns_at_once_and_joins_a_pending_run():
+    runner = KeyedRunner()
+    started, release = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    def job(name: str):
+        async def run() -> bool:
+            ran.append(name)
+            started.set()
+            await release.wait()
+            return True
+
+        return run
+
+    runner.submit("a", job("first"))
+    await started.wait()
+    for name in ("second", "third", "fourth"):
+        runner.submit("a", job(name))  # joins the one pending rerun (the first asker's job)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*runner._tasks), 5)
+    assert ran == ["first", "second"]
+    await runner.close()
+
+
+async def test_workers_bound_the_jobs_running_at_once_and_queue_waits_are_reported():
+    waits: list[float] = []
+    runner = KeyedRunner(workers=2, on_wait=waits.append)
+    running, most = 0, 0
+    release, two = asyncio.Event(), asyncio.Event()
+
+    async def job() -> bool:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        if running == 2:
+            two.set()
+        await release.wait()
+        running -= 1
+        return True
+
+    for key in range(6):
+        runner.submit(key, job)
+    await asyncio.wait_for(two.wait(), 5)
+    await asyncio.sleep(0.05)
+    assert running == 2  # the other four wait their turn
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*runner._tasks), 5)
+    assert most == 2 and len(waits) == 6
+    assert max(waits) >= 0.05 > min(waits)  # the queued ones waited for the first two
+    await runner.close()

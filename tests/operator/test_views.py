@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.operator.views import IndexViews, PodRef, owning_service, ready_pod, snapshot
+from strata.operator.status import rollout
+from strata.operator.views import (
+    LAST_APPLIED,
+    IndexViews,
+    PodRef,
+    owning_service,
+    ready_pod,
+    snapshot,
+    workload_snapshot,
+)
 
 READY = [{"type": "Ready", "status": "True"}]
 
@@ -79,3 +88,29 @@ def test_a_services_router_objects_are_not_its_workload_or_worker_pods():
     assert owning_service(worker, "ns") == ("ns", "chat")
     assert owning_service(router, "ns") is None
     assert owning_service(router, "ns", names.ROUTER_APP) == ("ns", "chat")
+
+
+def test_a_workload_snapshot_keeps_identity_replicas_and_status_not_the_pod_template() -> None:
+    status = {"replicas": 2, "readyReplicas": 1, "observedGeneration": 3, "conditions": []}
+    body: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "chat", "uid": "u", "generation": 3, "labels": {"a": "b"}, "managedFields": []},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "engine"}]}}},
+        "status": status,
+    }
+    kept = workload_snapshot(body)
+    assert kept == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "chat", "uid": "u", "generation": 3},
+        "spec": {"replicas": 2},
+        "status": status,
+    }
+    assert rollout(kept) == rollout(body)  # status reads the same from either
+
+
+def test_a_snapshot_leaves_out_kubectls_copy_of_the_last_applied_spec() -> None:
+    meta = {"name": "a", "annotations": {LAST_APPLIED: "{...}", "team": "x"}}
+    assert snapshot({"metadata": meta})["metadata"] == {"name": "a", "annotations": {"team": "x"}}
+    assert LAST_APPLIED in meta["annotations"]
