@@ -6,8 +6,8 @@ Starts its own control plane with ``nodes`` KWOK GPU nodes, installs the chart, 
    each as large as the child it stands for, with the operator's own client (strata.operator.kube)
    and its in-flight limit, before the operator runs;
 2. burst: ``services`` InferenceServices in ``tenants`` namespaces, applied at once: until every
-   child exists (a service's two Deployments, its workload and its router's, are applied after
-   its other children, so a watch on Deployments sees that) and until every service is Ready;
+   child exists (a service's router Deployment is applied last and its workload after all but
+   the RoleBinding, so a watch on Deployments sees that) and until every service is Ready;
 3. steady: services applied at ``rate_per_s`` for ``steady_s``: apply -> all children and
    apply -> Ready, p50 and p99;
 4. idle: ``idle_s`` with every service Ready and no traffic.

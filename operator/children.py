@@ -57,15 +57,17 @@ class Applier:
         """Apply every child of ``plan``; returns the workload as the API server now has it."""
         await self.ensure_priority_class(tier)
         await self._retire_other_workload(plan, owner)
-        router = render_router(plan, self.settings)
-        # Two rounds, each applied at once: everything the pods need (config, the router's
-        # account and rights, Services, budgets, claims), then the two Deployments that make pods.
+        account, role, binding, router_pdb, router = render_router(plan, self.settings)
+        # Three rounds, each sent at once. RBAC refuses a RoleBinding to a Role that does not
+        # exist yet, and the router's pods need their account and its rights.
         first = [
             render_configmap(plan),
             render_client_service(plan),
             render_metrics_service(plan),
             render_pdb(plan),
-            *router[:-1],
+            router_pdb,
+            account,
+            role,
         ]
         claim = render_shared_claim(plan)
         if claim is not None:
@@ -75,8 +77,9 @@ class Applier:
         try:
             await asyncio.gather(*(self.apply_if_changed(m, written) for m in first))
             applied, _ = await asyncio.gather(
-                self.apply_if_changed(workload, written), self.apply_if_changed(router[-1], written)
+                self.apply_if_changed(workload, written), self.apply_if_changed(binding, written)
             )
+            await self.apply_if_changed(router, written)
         finally:
             written.announce(self.events, owner)
         if applied is not None:

@@ -35,7 +35,8 @@ POD_READER_RULES: list[Manifest] = [{"apiGroups": [""], "resources": ["pods"], "
 
 
 def render_router(plan: ServicePlan, settings: OperatorSettings) -> list[Manifest]:
-    """Every router child, the Deployment last (it needs the account to exist for its pods)."""
+    """Every router child, in this order: account, Role, RoleBinding (RBAC refuses a binding to
+    a Role that does not exist yet), PDB, Deployment (its pods need the account and its rights)."""
     return [
         render_service_account(plan),
         render_role(plan),
