@@ -1,0 +1,46 @@
+"""The operator benchmark's pure pieces: where a phase's time went (histogram quantiles between
+two scrapes), a service counted only once both its Deployments exist, and a smaller run's size."""
+
+from __future__ import annotations
+
+from bench import fleet
+from bench.bench_operator import Scale, _every_deployment
+
+TEXT = """# HELP x_seconds ...
+x_seconds_bucket{le="0.1"} {a}
+x_seconds_bucket{le="1.0"} {b}
+x_seconds_bucket{le="+Inf"} {c}
+x_seconds_count {c}
+"""
+
+
+def scrape(a: int, b: int, c: int) -> str:
+    return TEXT.replace("{a}", str(a)).replace("{b}", str(b)).replace("{c}", str(c))
+
+
+def test_quantiles_count_only_what_was_observed_between_two_scrapes() -> None:
+    before = fleet.buckets(scrape(90, 100, 100), "x_seconds")
+    after = fleet.buckets(scrape(91, 150, 200), "x_seconds")  # 1 fast, 49 under 1 s, 50 slower
+    assert fleet.quantile(before, after, 0.5) == 1.0
+    assert fleet.quantile(before, after, 0.99) == float("inf")
+    assert fleet.quantile(before, before, 0.5) is None  # nothing observed in between
+
+
+def test_a_service_has_every_child_once_both_its_deployments_were_seen() -> None:
+    key = _every_deployment()
+
+    def deployment(name: str) -> dict[str, object]:
+        labels = {"strata.dev/inferenceservice": "chat"}
+        return {"metadata": {"name": name, "namespace": "a", "labels": labels}}
+
+    assert key(deployment("chat")) is None
+    assert key(deployment("chat")) is None  # the same one again
+    assert key(deployment("chat-router")) == ("a", "chat")
+    assert key({"metadata": {"name": "other", "namespace": "a"}}) is None
+
+
+def test_a_smaller_run_keeps_the_rate_and_has_a_gpu_for_every_service() -> None:
+    small = Scale.sized(300)
+    assert (small.services, small.rate_per_s, small.steady_s) == (300, 10.0, 30.0)
+    assert small.nodes * small.gpus_per_node >= 600
+    assert Scale.sized(1000).steady_s == Scale().steady_s
