@@ -131,6 +131,16 @@ def configure(settings: kopf.OperatorSettings, config: OperatorSettings) -> None
     settings.posting.level = logging.WARNING
     settings.peering.lifetime = config.peering_lifetime_s
     settings.watching.label_selectors[_labelled] = MANAGED_SELECTOR
+    settings.persistence.diffbase_storage = NoEssence()
+
+
+class NoEssence(kopf.AnnotationsDiffBaseStorage):
+    """kopf deep-copies every event's body to diff it against the last handled one, which only
+    on.create/update/resume handlers use; this operator has none (on.event and indices only).
+    At scale that copy was about 6% of the operator's CPU: skip it."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
 
 
 def _labelled(resource: kopf.Resource) -> bool:

@@ -8,7 +8,7 @@ HBM is part of the GPUs and is not counted again."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from strata.operator.resolve import ResolveInput, SpecRejected, resolve
@@ -52,18 +52,37 @@ def usage(fp: Footprint, seconds: float) -> Usage:
 def footprint(service: Mapping[str, Any], tier: Mapping[str, Any] | None) -> Footprint | None:
     """From the service as the API server returned it and its tier; None when it cannot be
     resolved (the reconciler reports why) and so holds nothing the operator rendered."""
+    sizes = sizes_of(service, tier)
+    return None if sizes is None else held_now(sizes, service)
+
+
+def sizes_of(service: Mapping[str, Any], tier: Mapping[str, Any] | None) -> Footprint | None:
+    """What one replica (and the service) holds by its spec and tier, replicas left at 0: the
+    part worth remembering until either spec changes (see :func:`spec_versions`)."""
     try:
         plan = resolve(ResolveInput(service, tier, namespace_uid=ANY_UID))
     except SpecRejected:
         return None
-    replicas = int((service.get("status") or {}).get("replicas") or 0)
     return Footprint(
-        replicas=replicas,
+        replicas=0,
         gpus_per_replica=plan.gpus,
         dram_bytes=plan.dram_bytes,
         nvme_bytes=plan.nvme.size_bytes if plan.nvme is not None else 0,
         shared_bytes=plan.shared.size_bytes if plan.shared is not None else 0,
     )
+
+
+def held_now(sizes: Footprint, service: Mapping[str, Any]) -> Footprint:
+    """``sizes`` with the replicas the service's status counts now."""
+    return replace(sizes, replicas=int((service.get("status") or {}).get("replicas") or 0))
+
+
+def spec_versions(service: Mapping[str, Any], tier: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """Changes whenever :func:`sizes_of` may: either object's spec (its generation) or the tier
+    itself (deleted and re-created under the same name)."""
+    tier_meta = (tier or {}).get("metadata") or {}
+    generation = service.get("metadata", {}).get("generation")
+    return (generation, tier_meta.get("uid"), tier_meta.get("generation"))
 
 
 def merge_usage(existing: Mapping[str, Any] | None, added: Mapping[str, Usage], now: str) -> dict[str, Any]:

@@ -24,7 +24,15 @@ import aiohttp
 from strata.operator import names
 from strata.operator.autoscale import wake
 from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
-from strata.operator.autoscale.cost import Usage, footprint, merge_usage, usage
+from strata.operator.autoscale.cost import (
+    Footprint,
+    Usage,
+    held_now,
+    merge_usage,
+    sizes_of,
+    spec_versions,
+    usage,
+)
 from strata.operator.autoscale.decide import (
     UTILIZATION_WINDOW_S,
     Decision,
@@ -79,6 +87,9 @@ class Autoscaler:
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> signals last written
     # uid -> (resourceVersion the service had, replicas set): the watch cache may lag our own patch
     patched: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    # uid -> (spec versions, sizes): resolving a service every interval was a tenth of the
+    # operator's CPU with a few hundred services; its sizes change only with a spec.
+    sizes: dict[str, tuple[tuple[Any, ...], Footprint | None]] = field(default_factory=dict)
     telemetry: Telemetry = field(default_factory=Telemetry)
     usage_write_interval_s: float = USAGE_WRITE_INTERVAL_S
     utilization_window_s: float = UTILIZATION_WINDOW_S
@@ -105,6 +116,7 @@ class Autoscaler:
             self.histories.clear()
             self.written.clear()
             self.patched.clear()
+            self.sizes.clear()
             self.telemetry.deactivate()
             return
         self.telemetry.active = True
@@ -116,6 +128,7 @@ class Autoscaler:
             self.histories.pop(gone, None)
             self.written.pop(gone, None)
             self.patched.pop(gone, None)
+            self.sizes.pop(gone, None)
         self.telemetry.forget({key for key, uid in zip(keys, seen, strict=True) if uid})
         await self._write_usage()
 
@@ -232,9 +245,16 @@ class Autoscaler:
         """The verdict for the metrics, and the interval's cost (what the service held)."""
         key, tier_name = _key(isvc), _tier_name(isvc)
         self.telemetry.state(key, tier_name).diagnosis = diagnosis
-        held = footprint(isvc, tier)
+        held = self._footprint(isvc, tier)
         if held is not None and seconds > 0:
             self.telemetry.accrue(key, tier_name, usage(held, seconds))
+
+    def _footprint(self, isvc: Mapping[str, Any], tier: Mapping[str, Any] | None) -> Footprint | None:
+        uid, versions = str(isvc["metadata"]["uid"]), spec_versions(isvc, tier)
+        known = self.sizes.get(uid)
+        if known is None or known[0] != versions:
+            known = self.sizes[uid] = (versions, sizes_of(isvc, tier))
+        return None if known[1] is None else held_now(known[1], isvc)
 
     async def _write_usage(self) -> None:
         """Add the cost accrued since the last write to each ServiceTier's status.usage, onto the

@@ -8,7 +8,17 @@ from typing import Any
 import pytest
 import yaml
 
-from strata.operator.autoscale.cost import GIB, Footprint, Usage, footprint, merge_usage, usage
+from strata.operator.autoscale.cost import (
+    GIB,
+    Footprint,
+    Usage,
+    footprint,
+    held_now,
+    merge_usage,
+    sizes_of,
+    spec_versions,
+    usage,
+)
 from strata.stack.manifests import inference_service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +50,20 @@ def test_footprint_resolves_the_sizes_the_tier_gives() -> None:
     assert fp == Footprint(2, 2, dram_bytes=8 * GIB, nvme_bytes=200 * GIB, shared_bytes=500 * GIB)
     assert footprint(service(2), None) is None  # unknown tier: the operator rendered nothing
     assert footprint(service(0), tier("premium")).replicas == 0  # type: ignore[union-attr]
+
+
+def test_sizes_are_remembered_by_spec_versions_and_replicas_read_from_status_each_time() -> None:
+    premium, svc = tier("premium"), service(2, dram="8Gi")
+    sizes = sizes_of(svc, premium)
+    assert sizes is not None and sizes.replicas == 0
+    assert held_now(sizes, service(3)) == footprint(service(3, dram="8Gi"), premium)
+    versions = spec_versions(svc, premium)
+    svc["status"] = {"replicas": 4}  # a status move is no new spec
+    assert spec_versions(svc, premium) == versions
+    svc["metadata"]["generation"] = 2
+    assert spec_versions(svc, premium) != versions
+    recreated = {**premium, "metadata": {**premium["metadata"], "uid": "another"}}
+    assert spec_versions(service(2), recreated) != spec_versions(service(2), premium)
 
 
 def test_merge_usage_adds_to_the_tiers_status_per_namespace() -> None:
