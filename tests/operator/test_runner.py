@@ -80,19 +80,26 @@ def test_backoff_doubles_up_to_the_cap_with_jitter_in_its_upper_half():
     assert [b.delay(i, draw=lambda: 1.0) for i in range(3)] == [1, 2, 4]
 
 
-async def test_a_stronger_job_replaces_a_weaker_pending_one():
-    runner = KeyedRunner()
-    started, release = asyncio.Event(), asyncio.Event()
-    ran: list[str] = []
+class Jobs:
+    """Jobs that record their name, say they started, and wait for ``release``."""
 
-    def job(name: str):
+    def __init__(self) -> None:
+        self.started, self.release = asyncio.Event(), asyncio.Event()
+        self.ran: list[str] = []
+
+    def named(self, name: str):
         async def run() -> bool:
-            ran.append(name)
-            started.set()
-            await release.wait()
+            self.ran.append(name)
+            self.started.set()
+            await self.release.wait()
             return True
 
         return run
+
+
+async def test_a_stronger_job_replaces_a_weaker_pending_one():
+    runner, jobs = KeyedRunner(), Jobs()
+    job, started, release, ran = jobs.named, jobs.started, jobs.release, jobs.ran
 
     first = asyncio.create_task(runner.run("a", job("first"), level=1))
     await started.wait()
@@ -107,18 +114,8 @@ async def test_a_stronger_job_replaces_a_weaker_pending_one():
 
 
 async def test_submit_returns_at_once_and_joins_a_pending_run():
-    runner = KeyedRunner()
-    started, release = asyncio.Event(), asyncio.Event()
-    ran: list[str] = []
-
-    def job(name: str):
-        async def run() -> bool:
-            ran.append(name)
-            started.set()
-            await release.wait()
-            return True
-
-        return run
+    runner, jobs = KeyedRunner(), Jobs()
+    job, started, release, ran = jobs.named, jobs.started, jobs.release, jobs.ran
 
     runner.submit("a", job("first"))
     await started.wait()
