@@ -90,8 +90,8 @@ class KeyedRunner:
     def submit(self, key: Hashable, job: Job, level: int = 1) -> None:
         """Ask for a run of ``job`` without waiting for it: joins the pending run if there is
         one (raising its level), else starts one in the background."""
-        slot = self._slots.get(key)
-        if slot is not None and slot.pending is not None:
+        slot = self._slots.setdefault(key, _Slot())  # known from now on (keys(), the gauge)
+        if slot.pending is not None:
             if level > slot.pending_level:
                 slot.pending_job, slot.pending_level = job, level
             return

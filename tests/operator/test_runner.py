@@ -118,6 +118,7 @@ async def test_submit_returns_at_once_and_joins_a_pending_run():
     job, started, release, ran = jobs.named, jobs.started, jobs.release, jobs.ran
 
     runner.submit("a", job("first"))
+    assert runner.keys() == ["a"]  # managed from the trigger on, before its run starts
     await started.wait()
     for name in ("second", "third", "fourth"):
         runner.submit("a", job(name))  # joins the one pending rerun (the first asker's job)
