@@ -54,9 +54,21 @@ def sidecar(
             time.sleep(0.05)
         yield config.kvtier
     finally:
+        stop(proc, Path(config.kvtier.dram.shm_path))
+
+
+def stop(proc: subprocess.Popen[bytes], shm: Path) -> None:
+    """SIGTERM, then SIGKILL if it has not exited in 120 s (a loaded machine); the shared memory
+    goes either way: a wait that timed out used to leave the sidecar and its 570 MB segment."""
+    try:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        Path(config.kvtier.dram.shm_path).unlink(missing_ok=True)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    finally:
+        shm.unlink(missing_ok=True)
 
 
 def drop_page_cache(path: Path) -> None:
