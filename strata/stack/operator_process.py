@@ -32,6 +32,9 @@ def operator_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         **os.environ,
         "STRATA_NVME_VOLUME": "hostPath",
         "STRATA_NVME_HOST_PATH": NVME_HOST_PATH,
+        # Loopback, not 0.0.0.0: pods share this host's ports here, and a Service's ClusterIP:port
+        # (the pod runtime's proxy) must not collide with an operator's wildcard bind.
+        "STRATA_METRICS_HOST": "127.0.0.1",
         **(extra or {}),
     }
 
