@@ -52,21 +52,21 @@ def run_all(
     log: Log = print,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every task's figures (reused or computed), and the keys of those not run in the budget."""
-    stamp = fingerprint()
-    done = {t.key: f for t in tasks if (f := load(t.key, stamp, parts)) is not None}
+    stamps = {False: fingerprint(False), True: fingerprint(True)}
+    done = {t.key: f for t in tasks if (f := load(t.key, stamps[t.builtin], parts)) is not None}
     pending = [t for t in tasks if t.key not in done]
     if done:
-        log(f"autoscale: {len(done)} of {len(tasks)} tasks reused from {parts} (fingerprint {stamp})")
+        log(f"autoscale: {len(done)} of {len(tasks)} tasks reused from {parts} (fingerprints {stamps})")
     jobs = jobs or int(os.environ.get("STRATA_BENCH_JOBS", 0)) or len(os.sched_getaffinity(0))
-    running: dict[str, tuple[SpawnProcess, float]] = {}
+    running: dict[str, tuple[SpawnProcess, float, str]] = {}
     deadline = time.monotonic() + budget_s
     context = multiprocessing.get_context("spawn")
     stop = signal.signal(signal.SIGTERM, _exit)  # a terminated benchmark stops its tasks too
     try:
-        pending = _loop(pending, done, running, deadline, jobs, (context, stamp, parts, log))
+        pending = _loop(pending, done, running, deadline, jobs, (context, stamps, parts, log))
     finally:
         signal.signal(signal.SIGTERM, stop)
-        for process, _started in running.values():
+        for process, _started, _stamp in running.values():
             process.terminate()
             process.join()
     not_run = sorted([*running, *(t.key for t in pending)])
@@ -81,24 +81,25 @@ def _exit(signum: int, _frame: object) -> None:
 def _loop(
     pending: list[Task],
     done: dict[str, dict[str, Any]],
-    running: dict[str, tuple[SpawnProcess, float]],
+    running: dict[str, tuple[SpawnProcess, float, str]],
     deadline: float,
     jobs: int,
-    how: tuple[Any, str, Path, Log],
+    how: tuple[Any, dict[bool, str], Path, Log],
 ) -> list[Task]:
     """Start, watch and collect tasks until none is left or the deadline passes; returns the
     tasks not started (``running`` keeps those still running)."""
-    context, stamp, parts, log = how
+    context, stamps, parts, log = how
     while (pending or running) and time.monotonic() < deadline:
         for task in _startable(pending, done, running, jobs):
             needs = {key: done[key] for key in task.after}
+            stamp = stamps[task.builtin]
             process = context.Process(target=_child, args=(task, needs, stamp, parts), name=task.key)
             process.start()
-            running[task.key] = (process, time.monotonic())
+            running[task.key] = (process, time.monotonic(), stamp)
             pending.remove(task)
             log(f"autoscale: {task.key} started")
         time.sleep(POLL_S)
-        for key, (process, started) in list(running.items()):
+        for key, (process, started, stamp) in list(running.items()):
             if process.is_alive():
                 continue
             process.join()

@@ -42,9 +42,6 @@ PREMIUM_VARIANTS: dict[str, dict[str, Any]] = {
 HASHED = (
     "bench/autoscale_scenario.py",
     "strata/sim",
-    "operator/autoscale/decide.py",
-    "operator/autoscale/wake.py",
-    "operator/autoscale/signals.py",
     "router/choose.py",
     "router/weights.py",
     "router/load.py",
@@ -52,6 +49,14 @@ HASHED = (
     "worker/kvtier",
     "worker/engine/block_manager.py",
     "charts/strata/files/servicetiers",
+)
+# What only the built-in autoscaler's runs depend on besides: a change to the decision reruns
+# those, not the peers'.
+BUILTIN_HASHED = (
+    "operator/autoscale/decide.py",
+    "operator/autoscale/wake.py",
+    "operator/autoscale/signals.py",
+    "strata/sim/policies/builtin.py",
 )
 
 
@@ -111,17 +116,21 @@ class Task:
     key: str
     run: Callable[[dict[str, Any]], dict[str, Any]]  # the parts it depends on -> its figures
     after: tuple[str, ...] = field(default=())
+    builtin: bool = False  # runs the built-in autoscaler
 
 
-def fingerprint(root: Path = REPO) -> str:
+def fingerprint(builtin: bool = False, root: Path = REPO) -> str:
+    """The code and data a task's figures depend on (with ``builtin``: the built-in
+    autoscaler's too)."""
     digest = hashlib.sha256()
-    for name in HASHED:
+    skip = () if builtin else BUILTIN_HASHED
+    for name in HASHED + (BUILTIN_HASHED if builtin else ()):
         path = root / name
-        files = sorted(path.rglob("*")) if path.is_dir() else [path]
-        for file in files:
-            if file.is_file() and "__pycache__" not in file.parts:
-                digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            relative = str(file.relative_to(root))
+            if file.is_file() and "__pycache__" not in file.parts and relative not in skip:
+                digest.update(relative.encode() + b"\0" + file.read_bytes())
     for trace in TRACES.values():
-        stat = (TRACES_DIR / trace).stat()
-        digest.update(f"{trace}:{stat.st_size}".encode())
+        path = TRACES_DIR / trace
+        digest.update(f"{trace}:{path.stat().st_size if path.exists() else 'missing'}".encode())
     return digest.hexdigest()[:16]

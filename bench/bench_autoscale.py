@@ -98,7 +98,10 @@ def tasks() -> list[Task]:
     """conversation/gpu first (the bar is judged on it), then the premium tuning, the other
     traces and profiles, and the sweeps: on a busy machine the budget may run out."""
     out = matrix_tasks("conversation", "gpu")
-    out += [Task(f"tuning/{n}", functools.partial(tuning_run, p)) for n, p in PREMIUM_VARIANTS.items()]
+    out += [
+        Task(f"tuning/{n}", functools.partial(tuning_run, p), builtin=True)
+        for n, p in PREMIUM_VARIANTS.items()
+    ]
     for trace, profile in (("conversation", "cpu"), ("synthetic", "gpu"), ("synthetic", "cpu")):
         out += matrix_tasks(trace, profile)
     out.append(Task("speed", speed))
@@ -108,7 +111,8 @@ def tasks() -> list[Task]:
         out.append(Task(f"kpa_target/{target:g}", kpa))
     for startup in STARTUPS_S:
         spec = scenario("conversation", "gpu", startup)
-        out.append(Task(f"startup/{startup:.0f}", functools.partial(policy_run, spec, "builtin", Knobs())))
+        builtin = functools.partial(policy_run, spec, "builtin", Knobs())
+        out.append(Task(f"startup/{startup:.0f}", builtin, builtin=True))
     out.append(Task("reality", reality))
     return out
 
@@ -122,9 +126,8 @@ def matrix_tasks(trace: str, profile: str) -> list[Task]:
         if policy == "static_peak":
             out.append(Task(size, functools.partial(sizing, trace, profile)))
         after = (size,) if policy in STATIC else ()
-        out.append(
-            Task(f"{trace}/{profile}/{policy}", functools.partial(matrix_run, trace, profile, policy), after)
-        )
+        run = functools.partial(matrix_run, trace, profile, policy)
+        out.append(Task(f"{trace}/{profile}/{policy}", run, after, builtin=policy == "builtin"))
     return out
 
 
