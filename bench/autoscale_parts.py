@@ -123,6 +123,7 @@ def _startable(
 
 
 def _child(task: Task, needs: dict[str, dict[str, Any]], stamp: str, parts: Path) -> None:
+    signal.signal(signal.SIGTERM, _exit)  # stopped at the budget: its own processes go with it
     figures = task.run(needs)
     parts.mkdir(parents=True, exist_ok=True)
     path = part_path(task.key, parts)
