@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from strata.operator.autoscale.decide import History, Observation, Policy, backlog, decide
+from strata.operator.autoscale.decide import History, Observation, Policy, _tier_spec, backlog, decide
 from strata.operator.autoscale.peering import is_active
 from strata.operator.autoscale.signals import Aggregate
 
@@ -236,8 +236,18 @@ def test_policy_takes_the_tier_targets_and_the_narrower_bounds():
 
 
 def test_policy_refuses_a_bad_tier_naming_the_field():
-    with pytest.raises(ValueError, match=r"targetKvCacheUsage|target_kv_cache_usage"):
-        Policy.of({"autoscaling": {"targetKvCacheUsage": 2}}, {})
+    for _ in range(2):  # a refusal is not remembered: it is raised every time
+        with pytest.raises(ValueError, match=r"targetKvCacheUsage|target_kv_cache_usage"):
+            Policy.of({"autoscaling": {"targetKvCacheUsage": 2}}, {})
+
+
+def test_a_tier_is_parsed_once_per_content_whatever_the_service():
+    tier = {"slo": {"ttftP95Ms": 321}, "autoscaling": {"maxReplicas": 5}}
+    first = Policy.of(tier, {"maxReplicas": 3})
+    hits = _tier_spec.cache_info().hits
+    again = Policy.of(dict(reversed(list(tier.items()))), {"maxReplicas": 9})  # same content
+    assert _tier_spec.cache_info().hits == hits + 1
+    assert (first.max_replicas, again.max_replicas, again.target_ttft_ms) == (3, 5, 321)
 
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
