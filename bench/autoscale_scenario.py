@@ -46,7 +46,9 @@ HASHED = (
     "router/weights.py",
     "router/load.py",
     "router/config.py",
-    "worker/kvtier",
+    "worker/kvtier/index.py",  # the tiers' index, eviction and admission; not the sidecar's I/O
+    "worker/kvtier/policy.py",
+    "worker/kvtier/admission.py",
     "worker/engine/block_manager.py",
     "charts/strata/files/servicetiers",
 )
