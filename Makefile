@@ -18,8 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --progress-bar off -e '.[dev]'
 	touch $@
 
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
-# Skipped when bin/ is current, or when KUBEBUILDER_ASSETS or STRATA_BIN_DIR already holds all of them.
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm: one Go build,
+# with progress (step, packages compiled, elapsed time). Skipped when bin/ is current, or when
+# KUBEBUILDER_ASSETS or STRATA_BIN_DIR already holds all of them.
 cluster-bins:
 	tools/clusterbins/build.sh $(abspath $(BIN))
 

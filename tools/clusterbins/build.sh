@@ -1,5 +1,13 @@
 #!/usr/bin/env bash
-# Builds the test control plane into bin/ from the Go module proxy.
+# Builds the test control plane into bin/ from the Go module proxy, with progress.
+#
+# One `go build` makes kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and
+# helm: they are main packages of one module graph (go.mod here), so every package they share (the
+# Kubernetes libraries above all) is compiled once, and the build runs as one parallel job graph.
+# kwok is the one binary outside it: v0.8.0 needs Kubernetes 1.36 libraries, and v0.7.0 does not
+# compile against 1.34's either, so it builds in its own graph. Nothing else is built: each binary
+# is one the harness, the tests or the demo runs.
+#
 # Skips the build when bin/.stamp matches the pinned versions (this file + go.mod + go.sum) and every
 # binary is there, or when KUBEBUILDER_ASSETS or STRATA_BIN_DIR already holds every binary the
 # test harness needs (the same lookup as strata/cluster/binaries.py).
@@ -8,8 +16,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$(cd "$here/../.." && pwd)/bin}
 KUBE_VERSION=v1.34.4
 KWOK_VERSION=v0.8.0
-HELM_VERSION=v3.19.5
 BINARIES="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok"
+PACKAGES="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl ./etcd helm.sh/helm/v3/cmd/helm"
 has_all() {
   local dir=$1 name
   for name in $BINARIES; do [ -x "$dir/$name" ] || return 1; done
@@ -24,29 +33,50 @@ for var in KUBEBUILDER_ASSETS STRATA_BIN_DIR; do
   fi
 done
 mkdir -p "$out"
-stamp=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" | sha256sum | cut -d' ' -f1)
+cd "$here"
+stamp=$(cat build.sh go.mod go.sum tools.go etcd/main.go | sha256sum | cut -d' ' -f1)
+version() { go list -m -f '{{.Version}}' "$1"; }
 if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && has_all "$out" && [ -x "$out/helm" ]; then
-  echo "cluster-bins: $out is current ($KUBE_VERSION, etcd $(cd "$here" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3), kwok $KWOK_VERSION, helm $HELM_VERSION)"
+  echo "cluster-bins: $out is current (Kubernetes $KUBE_VERSION, etcd $(version go.etcd.io/etcd/server/v3), kwok $KWOK_VERSION, helm $(version helm.sh/helm/v3))"
   exit 0
 fi
+start=$(date +%s)
+elapsed() { local s=$(( $(date +%s) - start )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
 # Parallel compile jobs cost ~1.5 GB each at the linker; keep it bounded on small machines.
-export GOFLAGS="${GOFLAGS:--buildvcs=false} -p=${GO_BUILD_JOBS:-2}"
+jobs=${GO_BUILD_JOBS:-2}
+export GOFLAGS="${GOFLAGS:--buildvcs=false} -p=$jobs"
+
+# Reads `go build -v` (one package name per line, as each is compiled; cached ones are not named)
+# and prints a count every 100 packages (of ``$1`` when given); compiler and linker messages pass.
+progress() {
+  local of=${1:+/$1} n=0 line
+  while IFS= read -r line; do
+    case $line in
+      *" "* | *:*) echo "$line" ;;
+      *) n=$((n + 1)); [ $((n % 100)) -ne 0 ] || echo "cluster-bins:   $n$of packages compiled ($(elapsed))" ;;
+    esac
+  done
+  echo "cluster-bins:   $n packages compiled, the rest from the Go build cache ($(elapsed))"
+}
+
+echo "cluster-bins: [1/4] downloading Go modules ($(elapsed))"
+go mod download -x 2>&1 | awk '/\.zip: 200 OK/ {n++; if (n % 50 == 0) {printf "cluster-bins:   %d modules downloaded\n", n; fflush()}}
+  END {printf "cluster-bins:   %d modules downloaded\n", n}'
+
+total=$(go list -deps $PACKAGES | wc -l)
+echo "cluster-bins: [2/4] one build of kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and helm: $total packages, $jobs jobs ($(elapsed))"
 major=${KUBE_VERSION#v}; major=${major%%.*}
 minor=${KUBE_VERSION#v*.}; minor=${minor%%.*}
 pkg=k8s.io/component-base/version
 ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 ldflags="$ldflags -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitMajor=$major -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-cd "$here"
-start=$(date +%s)
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  echo "cluster-bins: building $cmd $KUBE_VERSION"
-  go build -trimpath -ldflags "$ldflags" -o "$out/$cmd" "k8s.io/kubernetes/cmd/$cmd"
-done
-echo "cluster-bins: building etcd"
-go build -trimpath -ldflags "-s -w" -o "$out/etcd" ./etcd
-echo "cluster-bins: building kwok $KWOK_VERSION"
-GOBIN="$out" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-echo "cluster-bins: building helm $HELM_VERSION"
-GOBIN="$out" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+ldflags="$ldflags -X helm.sh/helm/v3/internal/version.version=$(version helm.sh/helm/v3)"
+go build -v -trimpath -ldflags "$ldflags" -o "$out/" $PACKAGES 2>&1 | progress "$total"
+
+echo "cluster-bins: [3/4] kwok $KWOK_VERSION, in its own module graph ($(elapsed))"
+GOBIN="$out" go install -v -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" 2>&1 | progress ""
+
+echo "cluster-bins: [4/4] checking the binaries ($(elapsed))"
+for name in $BINARIES helm; do [ -x "$out/$name" ] || { echo "cluster-bins: $out/$name was not built" >&2; exit 1; }; done
 echo "$stamp" > "$out/.stamp"
-echo "cluster-bins: built in $(( $(date +%s) - start ))s into $out"
+echo "cluster-bins: built in $(elapsed) into $out"
