@@ -70,7 +70,12 @@ minor=${KUBE_VERSION#v*.}; minor=${minor%%.*}
 pkg=k8s.io/component-base/version
 ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 ldflags="$ldflags -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitMajor=$major -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+# helm renders charts for the Kubernetes version its build names (chartutil's default capabilities,
+# and lint's deprecation checks): the control plane's, so `helm template` needs no --kube-version.
 ldflags="$ldflags -X helm.sh/helm/v3/internal/version.version=$(version helm.sh/helm/v3)"
+for helm_pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+  ldflags="$ldflags -X $helm_pkg.k8sVersionMajor=$major -X $helm_pkg.k8sVersionMinor=$minor"
+done
 go build -v -trimpath -ldflags "$ldflags" -o "$out/" $PACKAGES 2>&1 | progress "$total"
 
 echo "cluster-bins: [3/4] kwok $KWOK_VERSION, in its own module graph ($(elapsed))"
