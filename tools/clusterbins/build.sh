@@ -34,37 +34,28 @@ for var in KUBEBUILDER_ASSETS STRATA_BIN_DIR; do
 done
 mkdir -p "$out"
 cd "$here"
-stamp=$(cat build.sh go.mod go.sum tools.go etcd/main.go | sha256sum | cut -d' ' -f1)
+stamp=$(cat build.sh ../progress.sh go.mod go.sum tools.go etcd/main.go | sha256sum | cut -d' ' -f1)
 version() { go list -m -f '{{.Version}}' "$1"; }
 if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && has_all "$out" && [ -x "$out/helm" ]; then
   echo "cluster-bins: $out is current (Kubernetes $KUBE_VERSION, etcd $(version go.etcd.io/etcd/server/v3), kwok $KWOK_VERSION, helm $(version helm.sh/helm/v3))"
   exit 0
 fi
-start=$(date +%s)
-elapsed() { local s=$(( $(date +%s) - start )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+label=cluster-bins
+steps=4
+# shellcheck source=../progress.sh
+. "$here/../progress.sh"
 # Parallel compile jobs cost ~1.5 GB each at the linker; keep it bounded on small machines.
 jobs=${GO_BUILD_JOBS:-2}
 export GOFLAGS="${GOFLAGS:--buildvcs=false} -p=$jobs"
 
-# Reads `go build -v` (one package name per line, as each is compiled; cached ones are not named)
-# and prints a count every 100 packages (of ``$1`` when given); compiler and linker messages pass.
-progress() {
-  local of=${1:+/$1} n=0 line
-  while IFS= read -r line; do
-    case $line in
-      *" "* | *:*) echo "$line" ;;
-      *) n=$((n + 1)); [ $((n % 100)) -ne 0 ] || echo "cluster-bins:   $n$of packages compiled ($(elapsed))" ;;
-    esac
-  done
-  echo "cluster-bins:   $n packages compiled, the rest from the Go build cache ($(elapsed))"
-}
-
-echo "cluster-bins: [1/4] downloading Go modules ($(elapsed))"
+step downloading Go modules
+# -x names each module fetched; errors ("go: ...") pass through.
 go mod download -x 2>&1 | awk '/\.zip: 200 OK/ {n++; if (n % 50 == 0) {printf "cluster-bins:   %d modules downloaded\n", n; fflush()}}
+  /^go: / {print; fflush()}
   END {printf "cluster-bins:   %d modules downloaded\n", n}'
 
 total=$(go list -deps $PACKAGES | wc -l)
-echo "cluster-bins: [2/4] one build of kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and helm: $total packages, $jobs jobs ($(elapsed))"
+step "one build of kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and helm: $total packages, $jobs jobs"
 major=${KUBE_VERSION#v}; major=${major%%.*}
 minor=${KUBE_VERSION#v*.}; minor=${minor%%.*}
 pkg=k8s.io/component-base/version
@@ -78,10 +69,10 @@ for helm_pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
 done
 go build -v -trimpath -ldflags "$ldflags" -o "$out/" $PACKAGES 2>&1 | progress "$total"
 
-echo "cluster-bins: [3/4] kwok $KWOK_VERSION, in its own module graph ($(elapsed))"
+step "kwok $KWOK_VERSION, in its own module graph"
 GOBIN="$out" go install -v -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" 2>&1 | progress ""
 
-echo "cluster-bins: [4/4] checking the binaries ($(elapsed))"
+step checking the binaries
 for name in $BINARIES helm; do [ -x "$out/$name" ] || { echo "cluster-bins: $out/$name was not built" >&2; exit 1; }; done
 echo "$stamp" > "$out/.stamp"
 echo "cluster-bins: built in $(elapsed) into $out"
