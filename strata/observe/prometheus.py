@@ -35,7 +35,7 @@ CHART = REPO_ROOT / "charts" / "strata"
 MONITORING_API = "monitoring.coreos.com/v1"
 NAMESPACE = "strata-system"
 SERVICE_ACCOUNT = "prometheus"
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 300.0  # a bound, not a wait: ready returns at once; a loaded machine is slow
 JsonDict = dict[str, Any]
 
 # What Prometheus' kubernetes_sd needs to read, and nothing more.

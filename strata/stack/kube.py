@@ -31,7 +31,7 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return {}
 
 
-def wait_ready(cluster: Cluster, namespace: str, name: str, timeout_s: float = 90) -> dict[str, Any]:
+def wait_ready(cluster: Cluster, namespace: str, name: str, timeout_s: float = 600) -> dict[str, Any]:
     """The InferenceService once its Ready condition is True."""
 
     def ready() -> dict[str, Any] | None:
