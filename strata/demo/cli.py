@@ -11,6 +11,7 @@ from pathlib import Path
 from strata import stack
 from strata.cluster import binaries
 from strata.cluster import cli as cluster_cli
+from strata.cluster.cluster import Cluster
 from strata.demo import dataplane, observe, platform, scaling
 from strata.demo.detached import Detached
 from strata.operator.resolve import SERVER_PORT
@@ -18,6 +19,7 @@ from strata.worker.config import WorkerConfig
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".demo"
 PROMPT_TOKENS = 4000
+SCRAPED_WITHIN_S = 120.0  # a bound: it ends as soon as the status shows an interval with requests
 
 
 def step(title: str) -> None:
@@ -59,13 +61,7 @@ def up(directory: Path) -> int:
     step(f"6/7 one {PROMPT_TOKENS}-token prompt through the memory hierarchy")
     rows, api = _walk_the_hierarchy(detached, config_path, config, api)
     _print_table(rows)
-    # Steady traffic across a few autoscaler intervals, so its last scrape interval has requests.
-    prompt, deadline = (
-        dataplane.long_prompt(PROMPT_TOKENS),
-        time.monotonic() + 3 * platform.AUTOSCALE_INTERVAL_S,
-    )
-    while time.monotonic() < deadline:
-        dataplane.time_to_first_token(api, config.model.name, prompt)
+    _traffic_until_scraped(cluster, api, config.model.name)
     print("\nafter a few seconds of repeated requests, the signals the operator scraped into its status:")
     print(platform.signals(cluster))
     print(cluster.kubectl("get", "inferenceservice", platform.SERVICE, "-n", platform.TENANT).stdout)
@@ -108,6 +104,21 @@ def _source_uri(source: dict[str, object]) -> str:
     if "uri" in source:
         return str(source["uri"])
     raise ValueError("spec.model.source: the demo serves builtin or uri sources, not a PVC")
+
+
+def _traffic_until_scraped(cluster: Cluster, api: str, model: str) -> None:
+    """Repeated requests until the operator has written an interval that had some into the
+    service's status (TTFT and hit ratio). A fixed few intervals were not enough: the interval
+    that spans the walk's restarts (counters reset) may be the last one written."""
+    prompt = dataplane.long_prompt(PROMPT_TOKENS)
+    deadline = time.monotonic() + SCRAPED_WITHIN_S
+    while time.monotonic() < deadline:
+        for _ in range(3):
+            dataplane.time_to_first_token(api, model, prompt)
+        signals = platform.status_signals(cluster)
+        if signals.get("ttftP95Ms") is not None and signals.get("prefixHitRatio"):
+            return
+    print(f"(the operator wrote no interval with requests within {SCRAPED_WITHIN_S:.0f} s)")
 
 
 def _print_table(rows: list[tuple[str, float, dict[str, float]]]) -> None:

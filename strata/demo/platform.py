@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -70,6 +71,12 @@ def pod_ip(cluster: Cluster) -> str:
     if not ips:
         raise RuntimeError(f"{TENANT}/{SERVICE}: no pod with an IP")
     return str(ips[0])
+
+
+def status_signals(cluster: Cluster) -> dict[str, Any]:
+    """The service's ``status.signals`` as the operator last wrote them ({} before the first)."""
+    service = cluster.kubectl_json("get", "inferenceservice", SERVICE, "-n", TENANT)
+    return dict((service.get("status") or {}).get("signals") or {})
 
 
 def signals(cluster: Cluster) -> str:
