@@ -130,8 +130,8 @@ def test_endpoints_are_the_ready_selected_pods_at_their_named_or_numbered_target
     assert endpoints.endpoints(numbered, 83, pods[:1]) == []
     assert endpoints.endpoints(service("s", selector={}), 80, pods) == []
     # Never beyond this machine: a pod IP outside loopback is refused, never connected to.
-    outside = endpoints.endpoints(service("s"), 80, [endpoint("10.1.2.3"), *pods[:1]])
-    assert endpoints.split_loopback(outside) == ([("127.64.1.3", 8000)], [("10.1.2.3", 8000)])
+    outside = endpoints.endpoints(service("s"), 80, [endpoint("203.0.113.3"), *pods[:1]])
+    assert endpoints.split_loopback(outside) == ([("127.64.1.3", 8000)], [("203.0.113.3", 8000)])
 
 
 def test_pick_goes_round_robin_with_the_others_as_fallbacks() -> None:
@@ -146,11 +146,11 @@ def test_listeners_only_for_loopback_cluster_ips_of_the_service_range_and_tcp_po
     ports: list[dict[str, Any]] = [{"port": 80}, {"port": 53, "protocol": "UDP"}]
     wanted, refused = endpoints.listeners(service("s", ports=ports), "127.96.0.0/16")
     assert wanted == [endpoints.Listener("ns", "s", "127.96.3.4", 80)] and refused is None
-    for ip in ("10.96.0.10", "127.97.0.1"):
+    for ip in ("203.0.113.10", "127.97.0.1"):
         wanted, refused = endpoints.listeners(service("s", ip=ip), "127.96.0.0/16")
         assert wanted == [] and refused is not None and ip in refused
     assert endpoints.listeners(service("s", ip="None"), "127.96.0.0/16") == ([], None)
-    assert not endpoints.is_loopback("10.0.0.1") and endpoints.is_loopback("127.64.0.9")
+    assert not endpoints.is_loopback("203.0.113.1") and endpoints.is_loopback("127.64.0.9")
 
 
 # -- the proxy, forwarding real connections (no API server: the Service is given directly) ------
@@ -209,7 +209,7 @@ def test_the_proxy_forwards_round_robin_and_closes_when_no_pod_is_ready() -> Non
     assert closed == b""
 
 
-@pytest.mark.parametrize("cidr", ["10.96.0.0/16", "127.96.0.0/33"])
+@pytest.mark.parametrize("cidr", ["203.0.113.0/24", "127.96.0.0/33"])
 def test_the_runtime_refuses_a_service_range_outside_loopback(cidr: str) -> None:
     from strata.cluster.podruntime.main import parse_args
 
