@@ -32,7 +32,6 @@ import pytest
 import yaml
 
 from strata.cluster import Cluster
-from strata.cluster.nodes import LOCAL_GPU_PRODUCT, LOCAL_TOLERATION
 from strata.loadgen.background import BackgroundLoad
 from strata.loadgen.calibrate import compression_for, throughput
 from strata.loadgen.summary import Outcome
@@ -43,6 +42,8 @@ from strata.stack import (
     events,
     get,
     inference_service,
+    local_pods_env,
+    local_resources,
     operator_running,
     wait_for,
     wait_ready,
@@ -84,18 +85,14 @@ def service(name: str, tier_name: str, **spec: Any) -> dict[str, Any]:
     """The `tiny` model on the local node's CPU, HBM cache only (no sidecar: CPU is scarce). It
     requests 100m so that three workers and four routers (250m each) fit the local node, which
     offers the machine's cores; a worker's one thread uses what it gets."""
-    resources = {"gpus": 0, "gpuProduct": LOCAL_GPU_PRODUCT, "cpu": "100m", "memory": "1Gi"}
+    resources = local_resources("100m", "1Gi")
     return inference_service(name, tier_name, resources=resources, cache={"dram": "0", "nvme": "0"}, **spec)
 
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     directory = tmp_path_factory.mktemp("closed-loop")
-    env = {
-        "STRATA_TOLERATIONS": json.dumps([LOCAL_TOLERATION]),
-        "STRATA_NVME_HOST_PATH": str(directory / "nvme"),
-        "STRATA_AUTOSCALE_INTERVAL_S": "2",
-    }
+    env = {**local_pods_env(directory / "nvme"), "STRATA_AUTOSCALE_INTERVAL_S": "2"}
     tiers = [
         tier(FAST, FAST_TARGET_MS, targetPrefillUtilization=FAST_UTILIZATION, targetKvCacheUsage=1.0,
              scaleUpStabilizationSeconds=0, scaleDownStabilizationSeconds=20, maxScaleUpStep=1,

@@ -30,7 +30,7 @@ import openai
 import pytest
 
 from strata.cluster import Cluster
-from strata.cluster.nodes import LOCAL_GPU_PRODUCT, LOCAL_TOLERATION, POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
+from strata.cluster.nodes import LOCAL_TOLERATION, POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
 from strata.observe import dashboard, rules
 from strata.observe.prometheus import Prometheus
 from strata.operator.resolve import SERVER_PORT
@@ -40,6 +40,7 @@ from strata.stack import (
     inference_service,
     install_chart,
     items,
+    local_resources,
     running_pods,
     wait_for,
     wait_ready,
@@ -102,8 +103,7 @@ def chart_on_local_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFacto
 
 
 def local_service(name: str, dram: str, nvme: str) -> dict[str, Any]:
-    resources = {"gpus": 0, "gpuProduct": LOCAL_GPU_PRODUCT, "cpu": "400m", "memory": "2Gi"}
-    cache = {"hbm": HBM, "dram": dram, "nvme": nvme}
+    resources, cache = local_resources("400m", "2Gi"), {"hbm": HBM, "dram": dram, "nvme": nvme}
     return inference_service(name, "standard", replicas=1, resources=resources, cache=cache)
 
 

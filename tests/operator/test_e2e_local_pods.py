@@ -8,7 +8,6 @@ with the official ``openai`` client, and the operator's autoscaler scrapes it th
 
 from __future__ import annotations
 
-import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +17,13 @@ import openai
 import pytest
 
 from strata.cluster import Cluster
-from strata.cluster.nodes import LOCAL_GPU_PRODUCT, LOCAL_TOLERATION
 from strata.operator.resolve import SERVER_PORT
 from strata.stack import (
     OperatorProcess,
     get,
     inference_service,
+    local_pods_env,
+    local_resources,
     operator_running,
     running_pods,
     wait_for,
@@ -38,19 +38,14 @@ READY_S = 900.0
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     directory = tmp_path_factory.mktemp("operator-local")
-    env = {
-        "STRATA_TOLERATIONS": json.dumps([LOCAL_TOLERATION]),
-        "STRATA_NVME_HOST_PATH": str(directory / "nvme"),
-        "STRATA_AUTOSCALE_INTERVAL_S": "2",
-    }
+    env = {**local_pods_env(directory / "nvme"), "STRATA_AUTOSCALE_INTERVAL_S": "2"}
     with operator_running(cluster, directory / "operator.log", env=env) as process:
         yield process
 
 
 def local_service(name: str) -> dict[str, Any]:
     """One replica on the local node: no GPU (the engine runs on the CPU), one CPU, small tiers."""
-    resources = {"gpus": 0, "gpuProduct": LOCAL_GPU_PRODUCT, "cpu": "1", "memory": "2Gi"}
-    spec = {"replicas": 1, "resources": resources, "cache": {"dram": "64Mi", "nvme": "1Gi"}}
+    spec = {"replicas": 1, "resources": local_resources("1", "2Gi"), "cache": {"dram": "64Mi", "nvme": "1Gi"}}
     return inference_service(name, "standard", **spec)
 
 
