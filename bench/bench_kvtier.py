@@ -156,6 +156,7 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
         "dram_unchecked_get_over_memcpy": r(result["dram_unchecked_get_gbps"], result["memcpy_gbps"]),
         "dram_put_over_memcpy_to_shm": r(result["dram_put_gbps"], result["memcpy_to_shm_gbps"]),
         "memcpy_to_shm_over_memcpy": r(result["memcpy_to_shm_gbps"], result["memcpy_gbps"]),
+        "torch_copy_cpu_over_memcpy_cpu": r(result["torch_copy_cpu_gbps"], result["memcpy_cpu_gbps"]),
         "dram_put_cpu_over_memcpy_to_shm_cpu": r(
             result["dram_put_cpu_gbps"], result["memcpy_to_shm_cpu_gbps"]
         ),

@@ -4,10 +4,12 @@ reads, NVMe put and get) and each keeps its best, so that load from other jobs o
 machine hits all of them alike.
 
 - DRAM put/get through the sidecar process vs a plain copy of the same 2 MiB blocks with as
-  many threads as the client copies on (4), between private buffers (``memcpy``) and into a
-  shared-memory mapping like the tier's (``memcpy_to_shm``: what writing shared memory costs
-  here). A get reads the chain put a repeat earlier, which the sidecar has sealed
-  (checksummed) since: ``dram_get`` checks every block against its checksum as it copies (the
+  many threads as the client copies on (4), by libc ``memmove`` like the client's, between
+  private buffers (``memcpy``) and into a shared-memory mapping like the tier's
+  (``memcpy_to_shm``: what writing shared memory costs here); ``torch_copy`` is torch's
+  ``copy_`` of the same blocks, for reference. A put hashes every block along its copy and
+  hands the sidecar the checksums (nothing is left for its sealer). A get reads the chain put
+  a repeat earlier: ``dram_get`` checks every block against its checksum as it copies (the
   default); ``dram_unchecked_get`` is a sidecar with ``dram.verify_reads: false``. DRAM holds
   two chains: the one read and the one put.
 - A put ends when the sidecar has committed every block (its reply to the last put: for NVMe,
@@ -35,6 +37,7 @@ import torch
 
 from bench.kvtier_sidecar import config, drop_page_cache, refs, sidecar
 from strata.worker.kvtier.arena import SlotArena
+from strata.worker.kvtier.blockcopy import flat_bytes, host_copy
 from strata.worker.kvtier.client import TierClient
 
 BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
@@ -52,8 +55,7 @@ def interleaved(
     """GB/s of each pass, best of ``repeats``, the passes taking turns: by the wall clock
     (``_gbps``), and per CPU-second this process and the pass's sidecar (``pids``, by the
     pass's name less its last word) spent on it (``_cpu_gbps``), which a machine shared with
-    other jobs disturbs far less. (A DRAM put's sealing runs afterwards, off the engine's
-    path, and is not counted.)"""
+    other jobs disturbs far less. A DRAM put's checksums are taken along its copy: counted."""
     wall = dict.fromkeys(passes, float("inf"))
     cpu = dict.fromkeys(passes, float("inf"))
     for repeat in range(repeats):
@@ -90,13 +92,7 @@ def bandwidth(root: Path) -> dict[str, float]:
         )
         shm = stack.enter_context(shm_blocks(root, len(blocks), block_bytes))
         nvme, data = stack.enter_context(tier_client(root, "nvme", pids, nvme=(REPEATS + 1) * room))
-        passes: dict[str, Pass] = {
-            "memcpy": lambda _: list(pool.map(lambda p: p[0].copy_(p[1]), zip(out, blocks, strict=True))),
-            "memcpy_1thread": lambda _: [o.copy_(b) for o, b in zip(out, blocks, strict=True)],
-            "memcpy_to_shm": lambda _: list(
-                pool.map(lambda p: p[0].copy_(p[1]), zip(shm, blocks, strict=True))
-            ),
-        }
+        passes = copy_passes(pool, blocks, out, shm)
         passes |= tier_passes("dram", dram, blocks, out, None)  # DRAM: no file to drop
         passes |= tier_passes("dram_unchecked", unchecked, blocks, out, None)
         passes |= file_passes(root, blocks, pool)
@@ -109,6 +105,21 @@ def bandwidth(root: Path) -> dict[str, float]:
     ):
         raise RuntimeError("kvtier bench: blocks came back different")
     return result
+
+
+def copy_passes(
+    pool: ThreadPoolExecutor, blocks: list[torch.Tensor], out: list[torch.Tensor], shm: list[torch.Tensor]
+) -> dict[str, Pass]:
+    """Plain copies of the blocks by libc ``memmove``, as the client's host copies are (with its
+    thread count, on one thread, into shared memory), and torch's ``copy_`` for reference."""
+    to_out = [(flat_bytes(o), flat_bytes(b)) for o, b in zip(out, blocks, strict=True)]
+    to_shm = [(flat_bytes(s), flat_bytes(b)) for s, b in zip(shm, blocks, strict=True)]
+    return {
+        "memcpy": lambda _: list(pool.map(lambda pair: host_copy(*pair), to_out)),
+        "memcpy_1thread": lambda _: list(map(lambda pair: host_copy(*pair), to_out)),
+        "memcpy_to_shm": lambda _: list(pool.map(lambda pair: host_copy(*pair), to_shm)),
+        "torch_copy": lambda _: list(pool.map(lambda pair: pair[0].copy_(pair[1]), to_out)),
+    }
 
 
 @contextmanager

@@ -126,6 +126,26 @@ def test_corrupt_dram_block_is_dropped_not_served(root, start_sidecar):
     assert sidecar.metrics.corrupt_blocks.labels("dram")._value.get() == 1
 
 
+def test_saves_into_dram_carry_their_checksums(root, start_sidecar):
+    """The client hashes along its copy, so a block read right after its save is checked: the
+    sidecar's sealer (a second pass over the slot) has nothing left to do."""
+    sidecar = start_sidecar(worker_config(root).kvtier)
+    client = client_for(root)
+    assert client.stats() is not None  # connected: the sidecar's tiers are set up
+    assert sidecar.service._sealer is not None
+    sidecar.service._sealer.stop()  # so that only the client's checksums can be there
+    refs = chain("default", list(range(48)))
+    data = blocks_for(refs, torch.float32)
+    assert client.save_checked(refs, data) == len(refs)
+    dram = sidecar.service.dram
+    assert dram is not None
+    for ref, block in zip(refs, data, strict=True):
+        entry = dram.index.get(ref.hash)
+        assert entry is not None and entry.checksum == checksum(block.numpy().tobytes())
+    assert client.load([r.hash for r in refs], [torch.empty(SHAPE) for _ in refs]) == len(refs)
+    assert client.unverified_blocks == 0
+
+
 def test_block_size_mismatch_degrades(root, start_sidecar):
     start_sidecar(worker_config(root).kvtier, block_bytes=4 * MiB)
     client = client_for(root)

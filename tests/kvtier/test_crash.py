@@ -43,6 +43,8 @@ def spawn(config_path: Path, socket_path: Path) -> subprocess.Popen[bytes]:
             "serve",
             "--config",
             str(config_path),
+            "--metrics-port",  # none: a fixed port may be taken by another process on this host
+            "0",
             "--log-level",
             "WARNING",
         ],

@@ -1,8 +1,10 @@
-"""Checksums of the blocks saved into DRAM, taken in the background: the engine's save returns
-as soon as its copy into the slots is done, and the sidecar hashes the slots afterwards, off the
-engine's path, without the lock. A checksum is kept only if its block is still the same entry of
-the index afterwards: a slot changes hands only once its block left the index, so what was
-hashed is what was saved (and the slot accounting never waits for the sealer).
+"""Checksums of the blocks saved into DRAM without one, taken in the background: a client
+copying from host memory hashes along its copy and sends the checksums (the cheaper way); one
+copying from a device does not, its save returns as soon as the copies landed, and the sidecar
+hashes those slots afterwards, off the engine's path, without the lock. A checksum is kept
+only if its block is still the same entry of the index afterwards: a slot changes hands only
+once its block left the index, so what was hashed is what was saved (and the slot accounting
+never waits for the sealer).
 
 Until a block is sealed its checksum is None: a read of it is served unverified (there is
 nothing yet to verify against, and it was copied in moments ago), and writing it down to NVMe

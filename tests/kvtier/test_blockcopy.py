@@ -1,0 +1,68 @@
+"""Block copies with their checksums taken along: the fused copy-and-hash equals a plain copy
+followed by the slot's checksum, whatever the block's size against the chunk size, and bad
+pairs are refused before any raw copy."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from strata.worker.kvtier.arena import checksum
+from strata.worker.kvtier.blockcopy import (
+    CHUNK_BYTES,
+    copy_blocks,
+    copy_hashing,
+    flat_bytes,
+    host_copy,
+    save_blocks,
+)
+
+
+def random_bytes(count: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (count,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("size", [1, 4096, CHUNK_BYTES, CHUNK_BYTES + 1, 3 * CHUNK_BYTES - 7])
+def test_copy_hashing_copies_and_hashes_what_it_copied(size):
+    src, dst = random_bytes(size), torch.zeros(size, dtype=torch.uint8)
+    crc = copy_hashing(dst, src)
+    assert torch.equal(dst, src)
+    assert crc == checksum(src.numpy().data)
+
+
+def test_host_copy_of_a_block_tensor_is_bit_exact():
+    block = torch.randn(2, 16, 3).to(torch.bfloat16)
+    out = torch.empty_like(block)
+    host_copy(flat_bytes(out), flat_bytes(block))
+    assert torch.equal(out.view(torch.int16), block.view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    ("dst", "src", "message"),
+    [
+        (torch.zeros(8, dtype=torch.uint8), torch.zeros(9, dtype=torch.uint8), "9 bytes into 8"),
+        (torch.zeros(8), torch.zeros(8), "uint8"),
+        (torch.zeros(4, 4, dtype=torch.uint8), torch.zeros(4, 4, dtype=torch.uint8), "flat"),
+        (torch.zeros(16, dtype=torch.uint8)[::2], torch.zeros(8, dtype=torch.uint8), "contiguous"),
+    ],
+)
+def test_bad_pairs_are_refused_before_copying(dst, src, message):
+    with pytest.raises(ValueError, match=message):
+        copy_hashing(dst, src)
+    with pytest.raises(ValueError, match=message):
+        host_copy(dst, src)
+
+
+def test_batches_return_each_blocks_checksum():
+    sources = [random_bytes(CHUNK_BYTES + 100, seed) for seed in range(6)]
+    slots = [torch.zeros_like(s) for s in sources]
+    with ThreadPoolExecutor(4) as pool:
+        saved = save_blocks(pool, list(zip(slots, sources, strict=True)), [None] * 6, page_locked=False)
+        out = [torch.zeros_like(s) for s in sources]
+        views = [s.numpy().data for s in slots]
+        loaded = copy_blocks(pool, list(zip(out, slots, strict=True)), views, page_locked=False)
+    expected = [checksum(s.numpy().data) for s in sources]
+    assert saved == expected and loaded == expected
+    assert all(torch.equal(o, s) for o, s in zip(out, sources, strict=True))
