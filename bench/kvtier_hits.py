@@ -30,6 +30,9 @@ ROWS: dict[str, Row] = {
     "adaptive": lambda trace, c: simulate.hit_ratio(trace, c, EVICTION, "adaptive"),
     "adaptive+lookahead": lambda trace, c: simulate.hit_ratio(trace, c, EVICTION, "adaptive", LOOKAHEAD),
     "optimal": simulate.optimal_hit_ratio,
+    # Not a policy: the ceiling of any eviction order behind the doorkeeper (Belady's eviction,
+    # doorkeeper admission), which shows how much of the gap is admission's.
+    "doorkeeper+optimal-eviction": lambda trace, c: simulate.optimal_hit_ratio(trace, c, doorkeeper=True),
 }
 PEERS = ("lru", "prefix-aware", "tail-first", "lfu", "s3-fifo")  # prefix-aware = SGLang's leaf-LRU
 
@@ -68,6 +71,9 @@ def checks(ratios: dict[str, dict[str, dict[str, float]]], sweep: dict[str, floa
         optimum = conversation["optimal"]["5000"]
         out["lookahead_share_of_optimal_conversation_5k"] = round(
             conversation["adaptive+lookahead"]["5000"] / optimum, 3
+        )
+        out["doorkeeper_ceiling_share_of_optimal_conversation_5k"] = round(
+            conversation["doorkeeper+optimal-eviction"]["5000"] / optimum, 3
         )
         out["lookahead_depth_sweep_share_of_optimal_conversation_5k"] = {
             depth: round(r / optimum, 3) for depth, r in sweep.items()

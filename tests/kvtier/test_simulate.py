@@ -42,6 +42,16 @@ def test_optimal_bounds_online_policies_on_random_chains():
                 assert hit_ratio(trace, capacity, eviction, admission, lookahead=4) <= best + 1e-12
         for peer in reference.PEERS.values():
             assert peer(trace, capacity) <= best + 1e-12
+        ceiling = optimal_hit_ratio(trace, capacity, doorkeeper=True)
+        assert ceiling <= best
+        for eviction in ("lru", "prefix-aware"):
+            assert hit_ratio(trace, capacity, eviction, "doorkeeper") <= ceiling + 1e-12
+
+
+def test_doorkeeper_ceiling_admits_on_the_second_sighting():
+    trace = [[1, 2], [1, 2], [1, 2]]
+    assert optimal_hit_ratio(trace, 10) == pytest.approx(4 / 6)
+    assert optimal_hit_ratio(trace, 10, doorkeeper=True) == pytest.approx(2 / 6)
 
 
 def test_load_trace_names_bad_lines(tmp_path):

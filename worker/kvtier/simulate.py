@@ -25,6 +25,7 @@ import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
+from strata.worker.kvtier.admission import Doorkeeper
 from strata.worker.kvtier.index import Entry, TierIndex
 
 Trace = list[list[int]]
@@ -130,10 +131,14 @@ def next_uses(trace: Sequence[Sequence[int]]) -> list[list[float]]:
     return result
 
 
-def optimal_hit_ratio(trace: Sequence[Sequence[int]], capacity: int) -> float:
+def optimal_hit_ratio(trace: Sequence[Sequence[int]], capacity: int, doorkeeper: bool = False) -> float:
     """Belady's offline optimum with prefix hits: evict the farthest next use; among equal next
-    uses the deeper block first, since its prefix is needed for it to be of any use."""
+    uses the deeper block first, since its prefix is needed for it to be of any use.
+
+    With ``doorkeeper`` a block enters only as the doorkeeper admission would let it (on its
+    second sighting): the ceiling of every eviction order behind that admission rule."""
     uses = next_uses(trace)
+    door = Doorkeeper(capacity) if doorkeeper else None
     cached: dict[int, tuple[float, int]] = {}
     heap: list[tuple[float, int, int]] = []  # (-next use, -position, key); stale ones skipped
     hits = total = 0
@@ -141,14 +146,23 @@ def optimal_hit_ratio(trace: Sequence[Sequence[int]], capacity: int) -> float:
         hits += next((p for p, k in enumerate(chain) if k not in cached), len(chain))
         total += len(chain)
         for position, key in enumerate(chain):
-            stamp = (uses[i][position], position)
-            cached[key] = stamp
-            heapq.heappush(heap, (-stamp[0], -position, key))
-        while len(cached) > capacity:
-            neg_use, neg_pos, key = heapq.heappop(heap)
-            if cached.get(key) == (-neg_use, -neg_pos):
-                del cached[key]
-        if len(heap) > 4 * capacity + 4096:
-            heap = [(-use, -pos, key) for key, (use, pos) in cached.items()]
-            heapq.heapify(heap)
+            if door is None or door.sketch.increment(key) or key in cached:
+                cached[key] = stamp = (uses[i][position], position)
+                heapq.heappush(heap, (-stamp[0], -position, key))
+        heap = _evict_farthest(cached, heap, capacity)
     return hits / total if total else 0.0
+
+
+def _evict_farthest(
+    cached: dict[int, tuple[float, int]], heap: list[tuple[float, int, int]], capacity: int
+) -> list[tuple[float, int, int]]:
+    """Drop the farthest next uses until ``capacity`` fit; returns the heap, rebuilt when stale
+    entries outnumber live ones."""
+    while len(cached) > capacity:
+        neg_use, neg_pos, key = heapq.heappop(heap)
+        if cached.get(key) == (-neg_use, -neg_pos):
+            del cached[key]
+    if len(heap) > 4 * capacity + 4096:
+        heap = [(-use, -pos, key) for key, (use, pos) in cached.items()]
+        heapq.heapify(heap)
+    return heap
