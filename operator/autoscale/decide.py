@@ -4,9 +4,14 @@ ratio = max(kvCacheUsage / target, prefillUtilization / target, TTFT p95 / targe
 tolerance nothing changes; otherwise the recommendation is ceil(current * ratio).
 
 - prefillUtilization (the share of time replicas spend computing prompt tokens) is the load
-  signal: it falls as 1 / replicas, so the ratio sizes the service as an HPA sizes on CPU. It is
-  averaged over the last UTILIZATION_WINDOW_S (an operator setting): one long prompt makes a
-  single interval spiky.
+  signal: it falls as 1 / replicas, so the ratio sizes the service as an HPA sizes on CPU. What is
+  averaged over the last UTILIZATION_WINDOW_S (an operator setting; one long prompt makes a single
+  interval spiky) is the load itself, replicas' worth of prompt computing (``prefill_busy``: the
+  utilization times the pods it was measured on), and the utilization compared with the target
+  is that load over the current replicas. Averaging utilizations measured at other replica
+  counts, or multiplying the ready pods' utilization by replicas still starting, counted the
+  same load several times over: in strata sim, premium went from 4 to its maxReplicas 16 at the
+  trace's start and stayed there for eight minutes while 11 carried the load.
 - TTFT p95 counts only while requests wait for a replica (requestsWaiting > 0) or when that is
   unknown: without a queue, a TTFT over target comes from prompts too long to prefill within it,
   which more replicas would not shorten (the strata sim runs on the Mooncake traces showed the
@@ -103,6 +108,9 @@ class Observation:
     ttft_p95_ms: float | None
     had_traffic: bool
     prefill_utilization: float | None = None
+    # Replicas' worth of prompt computing (None: utilization x the current replicas, as if all
+    # were measured)
+    prefill_busy: float | None = None
     requests_waiting: int | None = None  # None: unknown (TTFT then counts as before)
     ready_replicas: int | None = None  # None: unknown
     requests_held: float = 0.0  # at the routers, while no replica is ready
@@ -116,6 +124,7 @@ class Observation:
             ttft_p95_ms=agg.ttft_p95_s * 1000 if agg.ttft_p95_s is not None else None,
             had_traffic=agg.had_traffic or ready_replicas == 0,
             prefill_utilization=agg.prefill_utilization,
+            prefill_busy=agg.prefill_busy,
             requests_waiting=agg.requests_waiting,
             ready_replicas=ready_replicas,
             requests_held=requests_held,
@@ -131,7 +140,7 @@ class History:
     utilization_window_s: float = UTILIZATION_WINDOW_S
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     last_traffic: float | None = None
-    utilization: list[tuple[float, float]] = field(default_factory=list)  # prefill utilization seen
+    busy: list[tuple[float, float]] = field(default_factory=list)  # prefill_busy seen
     last_ttft_ms: float | None = None  # the last interval's TTFT p95 that had a first token
 
     def record(
@@ -140,7 +149,7 @@ class History:
         recommendation: int | None,
         had_traffic: bool,
         keep_s: float,
-        utilization: float | None = None,
+        busy: float | None = None,
         ttft_ms: float | None = None,
     ) -> None:
         """``recommendation`` None: the interval had nothing to scale on, and no vote in the
@@ -153,9 +162,9 @@ class History:
             self.last_traffic = now
         if ttft_ms is not None:
             self.last_ttft_ms = ttft_ms
-        self.utilization = [(t, u) for t, u in self.utilization if now - t < self.utilization_window_s]
-        if utilization is not None:
-            self.utilization.append((now, utilization))
+        self.busy = [(t, b) for t, b in self.busy if now - t < self.utilization_window_s]
+        if busy is not None:
+            self.busy.append((now, busy))
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,7 @@ def decide(current: int, seen: Observation, policy: Policy, history: History, no
     backlog = _backlog(current, seen, policy)
     if backlog is not None:
         return backlog
-    ratio, why = _ratio(_carried_ttft(seen, history), policy, _utilization(seen, history, now))
+    ratio, why = _ratio(_carried_ttft(seen, history), policy, _utilization(current, seen, history, now))
     if ratio is None or current == 0:
         # Nothing to scale on, or scaled to zero (a request wakes the service, not this loop).
         floor = max(policy.min_replicas, 1) if current > 0 else current
@@ -219,12 +228,22 @@ def _backlog(current: int, seen: Observation, policy: Policy) -> Decision | None
     return Decision(target, target, f"{why}: {current} -> {target} (max step {policy.max_scale_up_step})")
 
 
-def _utilization(seen: Observation, history: History, now: float) -> float | None:
-    """The mean prefill utilization over the window: what was recorded, and this interval's."""
-    values = [u for t, u in history.utilization if now - t < history.utilization_window_s]
-    if seen.prefill_utilization is not None:
-        values.append(seen.prefill_utilization)
-    return sum(values) / len(values) if values else None
+def prefill_busy(current: int, seen: Observation) -> float | None:
+    """The interval's replicas' worth of prompt computing (what ``History.record`` keeps)."""
+    if seen.prefill_busy is not None:
+        return seen.prefill_busy
+    return seen.prefill_utilization * current if seen.prefill_utilization is not None else None
+
+
+def _utilization(current: int, seen: Observation, history: History, now: float) -> float | None:
+    """The mean load over the window (what was recorded, and this interval's) over the current
+    replicas: the utilization they would have under it."""
+    values = [b for t, b in history.busy if now - t < history.utilization_window_s]
+    if (busy := prefill_busy(current, seen)) is not None:
+        values.append(busy)
+    if not values or current <= 0:
+        return None
+    return sum(values) / len(values) / current
 
 
 def _carried_ttft(seen: Observation, history: History) -> Observation:

@@ -40,6 +40,7 @@ from strata.operator.autoscale.decide import (
     Observation,
     Policy,
     decide,
+    prefill_busy,
 )
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.autoscale.peering import is_active
@@ -328,10 +329,8 @@ class Autoscaler:
         held = await wake.held_requests(self, isvc) if ready == 0 and current > 0 else 0.0
         seen = Observation.of(agg, ready_replicas=ready, requests_held=held)
         decision = decide(current, seen, policy, history, now)
-        utilization = seen.prefill_utilization
-        history.record(
-            now, decision.recommendation, seen.had_traffic, policy.keep_s, utilization, seen.ttft_p95_ms
-        )
+        busy = prefill_busy(current, seen)
+        history.record(now, decision.recommendation, seen.had_traffic, policy.keep_s, busy, seen.ttft_p95_ms)
         if decision.changes(current):
             await self._apply(isvc, current, decision)
 

@@ -34,6 +34,16 @@ class Aggregate:
     # ENGINE_COUNTERS deltas summed over the pods seen twice, and the pod-seconds they cover.
     engine: Mapping[str, float] = field(default_factory=dict)
     pod_seconds: float = 0.0
+    interval_s: float = 0.0  # between the two scrapes
+
+    @property
+    def prefill_busy(self) -> float | None:
+        """Replicas' worth of prompt computing in the interval: the utilization times the pods
+        measured (seen in both scrapes), the load that sizing divides by the target."""
+        utilization = self.prefill_utilization
+        if utilization is None or self.interval_s <= 0:
+            return None
+        return utilization * self.pod_seconds / self.interval_s
 
     @property
     def prefill_utilization(self) -> float | None:
@@ -83,6 +93,7 @@ def aggregate(previous: Scrape, current: Scrape) -> Aggregate:
         prompt_tokens=prompt,
         engine=engine,
         pod_seconds=pod_seconds,
+        interval_s=max(0.0, current.time - previous.time),
     )
 
 

@@ -80,16 +80,30 @@ def test_prefill_utilization_is_averaged_over_its_window():
     policy = Policy(**{**NO_WINDOWS.__dict__, "target_prefill_utilization": 0.2})
     history = fresh()
     for t in (40, 55, 70, 85):
-        history.record(t, 4, True, keep_s=0, utilization=0.1)
-    history.record(-100, 4, True, keep_s=0, utilization=0.9)  # outside the 120 s window: dropped
+        history.record(t, 4, True, keep_s=0, busy=0.4)
+    history.record(-100, 4, True, keep_s=0, busy=3.6)  # outside the 120 s window: dropped
     # (0.1 * 4 + 0.5) / 5 = 0.18: within the tolerance of 0.2, one spiky interval changes nothing.
     d = decide(4, seen(prefill=0.5), policy, history, 100)
     assert d.replicas == 4 and "prefillUtilization 0.18 < target 0.20" in d.reason
     # The operator's window setting: a 30 s one keeps only the interval at 85 s.
     short = History(started=0, utilization_window_s=30)
     for t in (40, 55, 70, 85):
-        short.record(t, 4, True, keep_s=0, utilization=0.1)
+        short.record(t, 4, True, keep_s=0, busy=0.4)
     assert "prefillUtilization 0.30 > target 0.20" in decide(4, seen(prefill=0.5), policy, short, 100).reason
+
+
+def test_the_load_is_averaged_not_the_utilization_of_another_replica_count():
+    policy = Policy(**{**NO_WINDOWS.__dict__, "target_prefill_utilization": 0.2, "max_replicas": 16})
+    history = fresh()
+    for t in (40, 55, 70, 85):  # 4 replicas at 0.8: 3.2 replicas' worth of prompts
+        history.record(t, 16, True, keep_s=0, busy=3.2)
+    # 16 wanted, 4 of them ready and measured at 0.8: the load is still 3.2 replicas' worth,
+    # 0.2 each over 16, not 0.8 x 16 = 12.8 of them.
+    starting = Observation(None, None, True, prefill_utilization=0.8, prefill_busy=3.2, ready_replicas=4)
+    d = decide(16, starting, policy, history, 100)
+    assert d.replicas == 16 and "prefillUtilization 0.20 = target 0.20" in d.reason
+    # Less load later: 2.4 replicas' worth over 16 is 0.15, ceil(16 x 0.75) = 12.
+    assert decide(16, Observation(None, None, True, 0.15, 2.4), policy, fresh(), 100).replicas == 12
 
 
 def test_a_slow_ttft_without_a_queue_does_not_scale_but_is_named():

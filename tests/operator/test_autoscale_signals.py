@@ -103,10 +103,12 @@ def test_prefill_utilization_is_the_share_of_pod_time_spent_on_prompts():
     after = Scrape(20.0, {"a": busy(15.0), "b": busy(1.0), "c": busy(3.0)})
     # a: 5 s of 20, b: 1 s of 20; c was not seen before.
     assert aggregate(before, after).prefill_utilization == pytest.approx((5 + 1) / 40)
+    # The load: 6 s of prompts in 20 s is 0.3 replicas' worth, however many pods were measured.
+    assert aggregate(before, after).prefill_busy == pytest.approx(6 / 20)
 
 
 def test_prefill_utilization_survives_a_restart_and_is_unknown_without_the_counter():
     restarted = aggregate(Scrape(0.0, {"a": busy(50.0)}), Scrape(10.0, {"a": busy(2.0)}))
     assert restarted.prefill_utilization == pytest.approx(0.2)  # the new counter's value is the delta
     unknown = aggregate(Scrape(0.0, {"a": busy(None)}), Scrape(10.0, {"a": busy(None)}))
-    assert unknown.prefill_utilization is None
+    assert unknown.prefill_utilization is None and unknown.prefill_busy is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strata.operator.autoscale.decide import History, Observation, Policy, decide
+from strata.operator.autoscale.decide import History, Observation, Policy, decide, prefill_busy
 from strata.operator.autoscale.signals import Scrape, aggregate
 from strata.operator.autoscale.wake import wake_to
 from strata.operator.settings import OperatorSettings
@@ -51,7 +51,7 @@ class Builtin:
             decision.recommendation,
             seen.had_traffic,
             self.policy.keep_s,
-            seen.prefill_utilization,
+            prefill_busy(view.desired, seen),
             seen.ttft_p95_ms,
         )
         return Verdict(decision.replicas, decision.reason)
