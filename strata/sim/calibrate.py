@@ -7,9 +7,12 @@ Three kinds of measurement, each of one request or batch alone on an idle engine
 
 The decode steps give ``overhead_s``, ``decode_seq_s`` and ``decode_context_token_s`` (least
 squares over ``1, batch, batch * context``); the prefills, with that overhead, give
-``prefill_token_s`` and ``attention_pair_s`` (least squares, the pair cost clamped at zero when
-the data say it is negative, as a busy machine's noise can). ``floor_s`` is zero: on a CPU the
-weights are read in cache-sized pieces during compute, so there is no separate memory floor.
+``request_overhead_s``, ``prefill_token_s`` and ``attention_pair_s`` (least squares over
+``1, tokens, token pairs``; a cost the data say is negative, as a busy machine's noise can, is
+held at zero and the rest fitted again). The intercept is what a request costs outside the
+engine when its TTFT is measured by a client: without it, the HTTP path of a short prompt was
+spread over the per-token cost. ``floor_s`` is zero: on a CPU the weights are read in cache-sized
+pieces during compute, so there is no separate memory floor.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class StepCosts:
     decode_context_token_s: float
     prefill_token_s: float
     attention_pair_s: float
+    request_overhead_s: float = 0.0
 
 
 def fit(decodes: Sequence[Decode], prefills: Sequence[Prefill], chunk: int) -> StepCosts:
@@ -48,12 +52,27 @@ def fit(decodes: Sequence[Decode], prefills: Sequence[Prefill], chunk: int) -> S
     overhead = max(0.0, overhead)
     steps = [_chunks(p.tokens, chunk) for p in prefills]
     rest = [p.seconds - len(c) * overhead for p, c in zip(prefills, steps, strict=True)]
-    linear = [[float(p.tokens), _pairs(c)] for p, c in zip(prefills, steps, strict=True)]
-    per_token, per_pair = least_squares(linear, rest)
-    if per_pair < 0:
-        per_pair = 0.0
-        per_token = sum(r * x[0] for r, x in zip(rest, linear, strict=True)) / sum(x[0] ** 2 for x in linear)
-    return StepCosts(overhead, max(0.0, per_seq), max(0.0, per_ctx), per_token, per_pair)
+    rows = [[1.0, float(p.tokens), _pairs(c)] for p, c in zip(prefills, steps, strict=True)]
+    request, per_token, per_pair = non_negative(rows, rest)
+    if per_token <= 0:
+        raise ValueError("calibration: the prefill measurements give no cost per token (noise, not timings)")
+    return StepCosts(overhead, max(0.0, per_seq), max(0.0, per_ctx), per_token, per_pair, request)
+
+
+def non_negative(rows: Sequence[Sequence[float]], values: Sequence[float]) -> list[float]:
+    """Least squares with every coefficient >= 0: a negative one is held at zero and the others
+    fitted again, until none is (a handful of unknowns)."""
+    free = list(range(len(rows[0])))
+    while True:
+        fitted = least_squares([[r[i] for i in free] for r in rows], values)
+        if all(x >= 0 for x in fitted):
+            out = [0.0] * len(rows[0])
+            for i, x in zip(free, fitted, strict=True):
+                out[i] = x
+            return out
+        free.pop(min(range(len(free)), key=lambda k: fitted[k]))
+        if not free:
+            return [0.0] * len(rows[0])
 
 
 def _chunks(tokens: int, chunk: int) -> list[tuple[int, int]]:

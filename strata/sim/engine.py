@@ -205,7 +205,8 @@ class Engine:
         hits = {"hbm": found.hbm_blocks * self.block}
         hits.update({tier: count * self.block for tier, count in found.tier_blocks.items()})
         seq.hit_tokens = hits
-        seq.lone_ttft_s = found.load_s + self.profile.lone_prefill_s(seq.req.input_tokens, seq.computed)
+        lone = self.profile.lone_prefill_s(seq.req.input_tokens, seq.computed)
+        seq.lone_ttft_s = found.load_s + lone + self.profile.request_overhead_s
         self.tally.admitted(seq)
 
     def _stuck(self) -> None:
@@ -230,13 +231,13 @@ class Engine:
     def _sample(self, seq: Seq) -> None:
         seq.generated += 1
         if seq.first_token_s is None:
-            seq.first_token_s = self.clock
+            seq.first_token_s = self.clock + self.profile.request_overhead_s  # as the client sees it
             self.tally.first_token(seq)
         if seq.generated >= seq.req.output_tokens:
             self.running.remove(seq)
             self.cache.release(seq.block_ids)
             seq.block_ids = []
-            self.tally.finish(seq, self.clock)
+            self.tally.finish(seq, self.clock + self.profile.request_overhead_s)
 
     # ---- a stretch of decode-only steps ----
 

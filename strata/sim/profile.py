@@ -15,7 +15,8 @@ tokens together, as the worker's continuous batching does)::
 compute-bound (linear layers per token, attention per token pair); decode reads every context
 token's KV once per step. Loading blocks from a cache tier costs ``bytes / read bandwidth`` plus
 one ``read_latency_s`` per tier touched, and stalls the step that admits the request, as the
-worker's synchronous ``KVConnector.load`` does.
+worker's synchronous ``KVConnector.load`` does. A client sees the first token
+``request_overhead_s`` after the step that sampled it (the API server's path around the engine).
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class Profile(BaseModel):
     attention_pair_s: float = Field(ge=0, description="Per (new token, context token) pair in prefill.")
     decode_seq_s: float = Field(ge=0, description="Per sequence in a decode step: compute, sampling.")
     decode_context_token_s: float = Field(ge=0, description="Per context token a decode step reads.")
+    request_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description="Per request, outside the engine: the API path (HTTP, parsing, streaming the first "
+        "token back), added to the TTFT a client sees.",
+    )
     read_gbps: ReadBandwidth
     read_latency_s: float = Field(0.0, ge=0, description="Per tier read batch (a request's load).")
     startup_s: float = Field(ge=0, description="Pod start: scheduling, model load, warm-up, until Ready.")

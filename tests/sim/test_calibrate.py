@@ -35,6 +35,22 @@ def test_fit_recovers_the_generating_costs():
     assert costs.attention_pair_s == pytest.approx(1e-8)
 
 
+def test_fit_separates_the_cost_outside_the_engine_and_holds_noise_at_zero():
+    client = TRUE.model_copy(update={"request_overhead_s": 0.03})
+    decodes = [Decode(b, c, TRUE.step_s(0, b, b * c)) for b in (1, 4, 16) for c in (256, 2048)]
+    prefills = [Prefill(n, client.lone_prefill_s(n) + 0.03) for n in (64, 256, 1024, 2048, 4096)]
+    costs = fit(decodes, prefills, TRUE.max_batched_tokens)
+    assert costs.request_overhead_s == pytest.approx(0.03)
+    assert costs.prefill_token_s == pytest.approx(2e-4)
+    # Prefill times that fall with length beyond a point (a burst on a busy machine under the
+    # short ones): the pair cost would be negative, and is held at zero.
+    noisy = [Prefill(256, 0.09), Prefill(1024, 0.25), Prefill(2048, 0.45), Prefill(4096, 0.8)]
+    held = fit(decodes, noisy, TRUE.max_batched_tokens)
+    assert held.attention_pair_s == 0 and held.prefill_token_s > 0 and held.request_overhead_s >= 0
+    with pytest.raises(ValueError, match="no cost per token"):
+        fit(decodes, [Prefill(256, 0.5), Prefill(1024, 0.3), Prefill(4096, 0.1)], TRUE.max_batched_tokens)
+
+
 def test_too_few_measurements_are_refused():
     with pytest.raises(ValueError, match="at least 3 decode"):
         fit([Decode(1, 1, 0.01)], [Prefill(1, 0.1)], 16)
