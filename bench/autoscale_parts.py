@@ -52,11 +52,12 @@ def run_all(
     log: Log = print,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every task's figures (reused or computed), and the keys of those not run in the budget."""
-    stamps = {False: fingerprint(False), True: fingerprint(True)}
-    done = {t.key: f for t in tasks if (f := load(t.key, stamps[t.builtin], parts)) is not None}
+    stamps = {t.code: fingerprint(*t.code) for t in tasks}
+    done = {t.key: f for t in tasks if (f := load(t.key, stamps[t.code], parts)) is not None}
     pending = [t for t in tasks if t.key not in done]
     if done:
-        log(f"autoscale: {len(done)} of {len(tasks)} tasks reused from {parts} (fingerprints {stamps})")
+        reused = f"{len(done)} of {len(tasks)} tasks reused from {parts}"
+        log(f"autoscale: {reused} (fingerprints {sorted(set(stamps.values()))})")
     jobs = jobs or int(os.environ.get("STRATA_BENCH_JOBS", 0)) or len(os.sched_getaffinity(0))
     running: dict[str, tuple[SpawnProcess, float, str]] = {}
     deadline = time.monotonic() + budget_s
@@ -84,7 +85,7 @@ def _loop(
     running: dict[str, tuple[SpawnProcess, float, str]],
     deadline: float,
     jobs: int,
-    how: tuple[Any, dict[bool, str], Path, Log],
+    how: tuple[Any, dict[tuple[bool, tuple[str, ...]], str], Path, Log],
 ) -> list[Task]:
     """Start, watch and collect tasks until none is left or the deadline passes; returns the
     tasks not started (``running`` keeps those still running)."""
@@ -92,7 +93,7 @@ def _loop(
     while (pending or running) and time.monotonic() < deadline:
         for task in _startable(pending, done, running, jobs):
             needs = {key: done[key] for key in task.after}
-            stamp = stamps[task.builtin]
+            stamp = stamps[task.code]
             process = context.Process(target=_child, args=(task, needs, stamp, parts), name=task.key)
             process.start()
             running[task.key] = (process, time.monotonic(), stamp)

@@ -30,14 +30,16 @@ STARTUPS_S = (30.0, 120.0, 300.0)  # besides the profile's 60 s, which the matri
 SPEED_REPLICAS = 8
 KPA_TARGETS = (2.0, 8.0)  # besides the default 4, which the matrix runs
 # Premium settings tried against the shipped ones (targetPrefillUtilization 0.2, windows 30 s up /
-# 300 s down, step 4): each changes one thing, or two.
+# 180 s down, step 4): each changes one thing, or two.
 PREMIUM_VARIANTS: dict[str, dict[str, Any]] = {
     "target 0.15": {"targetPrefillUtilization": 0.15},
+    "target 0.25": {"targetPrefillUtilization": 0.25},
     "target 0.3": {"targetPrefillUtilization": 0.3},
     "windows 0/600 s": {"scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSeconds": 600},
+    "scale-down window 300 s": {"scaleDownStabilizationSeconds": 300},
+    "scale-down window 120 s": {"scaleDownStabilizationSeconds": 120},
     "scale-up window 0 s": {"scaleUpStabilizationSeconds": 0},
     "step 8": {"maxScaleUpStep": 8},
-    "target 0.15, step 8": {"targetPrefillUtilization": 0.15, "maxScaleUpStep": 8},
 }
 HASHED = (
     "bench/autoscale_scenario.py",
@@ -119,14 +121,20 @@ class Task:
     run: Callable[[dict[str, Any]], dict[str, Any]]  # the parts it depends on -> its figures
     after: tuple[str, ...] = field(default=())
     builtin: bool = False  # runs the built-in autoscaler
+    hashed: tuple[str, ...] = field(default=())  # files only this task's figures depend on besides
+
+    @property
+    def code(self) -> tuple[bool, tuple[str, ...]]:
+        """What its fingerprint covers (``fingerprint``'s arguments)."""
+        return self.builtin, self.hashed
 
 
-def fingerprint(builtin: bool = False, root: Path = REPO) -> str:
+def fingerprint(builtin: bool = False, extra: tuple[str, ...] = (), root: Path = REPO) -> str:
     """The code and data a task's figures depend on (with ``builtin``: the built-in
-    autoscaler's too)."""
+    autoscaler's too; ``extra``: files of that task alone)."""
     digest = hashlib.sha256()
     skip = () if builtin else BUILTIN_HASHED
-    for name in HASHED + (BUILTIN_HASHED if builtin else ()):
+    for name in HASHED + (BUILTIN_HASHED if builtin else ()) + extra:
         path = root / name
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
             relative = str(file.relative_to(root))

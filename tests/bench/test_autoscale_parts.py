@@ -44,6 +44,8 @@ def test_tasks_run_after_what_they_need_and_their_parts_are_reused(tmp_path: Pat
 
 def test_the_builtin_autoscalers_runs_depend_on_its_decision_and_the_peers_runs_do_not() -> None:
     assert fingerprint(builtin=True) != fingerprint(builtin=False)
+    # a task's own files (the reality check's) count for it alone
+    assert fingerprint(extra=("bench/sim_reality.py",)) != fingerprint()
 
 
 def test_a_part_from_other_code_is_run_again(tmp_path: Path) -> None:
