@@ -12,7 +12,7 @@ import torch
 
 from strata.worker.kv_connector import BlockRef, chain_hashes, root_hash
 from strata.worker.kvtier.arena import checksum
-from strata.worker.kvtier.client import TierClient, connect
+from strata.worker.kvtier.client import TierClient, connect, save_batches
 
 from .conftest import MiB, worker_config
 
@@ -257,3 +257,12 @@ def test_long_saves_and_loads_through_nvme_are_pipelined_and_a_damaged_block_sto
     assert client.lookup([r.hash for r in refs]) == ["nvme"] * 50  # the damaged block is gone
     assert client.stats() is not None  # every answer was given back: no lease is left
     assert sidecar.service.dram is not None and not sidecar.service.dram._leases
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 40, 96])
+def test_save_batches_cover_every_block_once_starting_short(count):
+    spans = save_batches(count, 32)
+    assert [i for start, stop in spans for i in range(start, stop)] == list(range(count))
+    assert all(0 < stop - start <= 32 for start, stop in spans)
+    if count > 8:
+        assert spans[0] == (0, 8)  # the first batch is copied with the disk idle: a short one

@@ -191,15 +191,15 @@ class TierClient:
             return self._save(blocks, data, checked=True)
 
     def _save(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor], checked: bool) -> int:
-        """Save in batches of half the sidecar's ``max_batch``, two stages deep: the next batch's
-        slots are reserved before this one's put, so that the engine copies batch n+1 while the
-        sidecar writes batch n down (its reply to a reserve follows the put before it). A
-        checked save reads every put's reply and sums what was stored."""
+        """Save in batches of half the sidecar's ``max_batch`` (``save_batches``), two stages
+        deep: the next batch's slots are reserved before this one's put, so that the engine
+        copies batch n+1 while the sidecar writes batch n down (its reply to a reserve follows
+        the put before it). A checked save reads every put's reply and sums what was stored."""
         sock = self._connected()
         if not blocks:
             return 0
-        size = max(1, self._max_batch // 2)  # two batches' slots held at once
-        batches = [(blocks[i : i + size], data[i : i + size]) for i in range(0, len(blocks), size)]
+        spans = save_batches(len(blocks), max(1, self._max_batch // 2))  # two batches' slots at once
+        batches = [(blocks[start:stop], data[start:stop]) for start, stop in spans]
         self._drain(sock)
         self._stored = 0
         reserved = self._call(self._reserve(batches[0][0]))
@@ -368,6 +368,16 @@ class TierClient:
             self._sock = None
         self._outstanding.clear()
         self._unmap()
+
+
+def save_batches(count: int, size: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of a save's batches of at most ``size`` blocks, the first a quarter of
+    that: nothing is written down while the first batch is copied, so a short one starts the
+    disk sooner; the later ones overlap their copies with the writes before them."""
+    if count <= 0:
+        return []
+    first = min(count, max(1, size // 4))
+    return [(0, first)] + [(i, min(i + size, count)) for i in range(first, count, size)]
 
 
 def _cudart() -> Any:
