@@ -1,6 +1,7 @@
-"""The demo's Prometheus: the chart's monitors (kubernetes_sd, loopback only), plus the processes
-the demo runs on this machine instead of in pods (operator, worker, KV-tier sidecar), labelled as
-their pods would be, so the rules and the dashboard's queries have data."""
+"""The demo's Prometheus: the chart's monitors (kubernetes_sd, loopback only), which find the
+pods the cluster's pod runtime runs (workers, sidecars, routers) at their pod IPs, plus the one
+process the demo runs on this machine instead of in a pod (the operator), labelled as its pod
+would be, so the rules and the dashboard's queries have data."""
 
 from __future__ import annotations
 
@@ -15,26 +16,13 @@ from strata.stack.chart import SYSTEM_NAMESPACE
 START_TIMEOUT_S = 300.0  # a bound, not a wait: ready returns at once; a loaded machine is slow
 
 
-def start_prometheus(
-    detached: Detached,
-    cluster: Cluster,
-    directory: Path,
-    operator_port: int,
-    service: tuple[str, str, str],
-    worker_addresses: tuple[str, str],
-) -> str:
+def start_prometheus(detached: Detached, cluster: Cluster, directory: Path, operator_port: int) -> str:
     """Prometheus left running (``strata demo down`` stops it); returns its URL."""
-    namespace, name, tier = service
-    labels = {"namespace": namespace, "service": name, "service_tier": tier, "pod": f"{name}-local"}
-    jobs = [
-        static_job(
-            "demo/operator", f"127.0.0.1:{operator_port}", {"namespace": SYSTEM_NAMESPACE, "pod": "operator"}
-        ),
-        static_job("demo/worker", worker_addresses[0], labels),
-        static_job("demo/kvtier", worker_addresses[1], labels),
-    ]
+    operator = static_job(
+        "demo/operator", f"127.0.0.1:{operator_port}", {"namespace": SYSTEM_NAMESPACE, "pod": "operator"}
+    )
     detached.stop("prometheus")
-    argv, url = prepare(directory / "prometheus", cluster, interval="5s", extra_jobs=jobs)
+    argv, url = prepare(directory / "prometheus", cluster, interval="5s", extra_jobs=[operator])
     proc = detached.start("prometheus", argv)
     wait_ready(url, START_TIMEOUT_S, proc)
     return url

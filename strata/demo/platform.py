@@ -11,31 +11,55 @@ import yaml
 from strata import stack
 from strata.cluster import cli as cluster_cli
 from strata.cluster.cluster import Cluster
-from strata.cluster.nodes import LOCAL_TOLERATION
+from strata.cluster.nodes import LOCAL_TOLERATION, machine_cpus
 from strata.demo.detached import Detached
+from strata.demo.walk import WalkPod
+from strata.operator.api.quantity import parse_milli
+from strata.operator.render.pod import SIDECAR_CPU
+from strata.stack.serving import loopback_ip, worker_pods
+from strata.worker.config import WorkerConfig
 
 TENANT = "tenant-a"
 SERVICE = "chat"
 SERVICE_MANIFEST = Path(__file__).with_name("chat.yaml")
 AUTOSCALE_INTERVAL_S = 3
 UTILIZATION_WINDOW_S = 30  # the scaling act's: it scales back down in a minute, not three
+READY_S = 900  # a bound: the service's pod imports torch and loads its model (minutes when loaded)
+
+
+def nvme_dir(root: Path) -> Path:
+    """The local node's NVMe directory (the operator's hostPath NVMe volume) of a demo directory:
+    each pod's tier preallocates its file there (gigabytes of disk)."""
+    return root / "nvme"
+
+
+def walk_pod_millicpu() -> int:
+    """What the walk-through's pod requests of the local node: its engine's CPU (chat.yaml) and
+    the KV-tier sidecar's."""
+    manifest = yaml.safe_load(SERVICE_MANIFEST.read_text())
+    return parse_milli(manifest["spec"]["resources"]["cpu"]) + parse_milli(SIDECAR_CPU)
 
 
 def start_cluster(directory: Path) -> Cluster:
-    if cluster_cli.cmd_up(directory, cluster_cli.NodeCounts(gpu=4)) != 0:
+    """The control plane; its local node offers this machine's CPUs plus what the walk-through's
+    pod requests, which sits idle while the scaling act's pods (sized to the machine) run."""
+    local_cpu = f"{machine_cpus() * 1000 + walk_pod_millicpu()}m"
+    if cluster_cli.cmd_up(directory, cluster_cli.NodeCounts(gpu=4, local_cpu=local_cpu)) != 0:
         raise RuntimeError(f"the control plane did not start; logs in {directory / 'logs'}")
     return Cluster.attach(directory)
 
 
-def start_operator(detached: Detached, kubeconfig: Path) -> int:
+def start_operator(detached: Detached, kubeconfig: Path, nvme: Path) -> int:
     """The operator as the chart's ServiceAccount, left running; returns its metrics port."""
     metrics, liveness = stack.free_port(), stack.free_port()
     env = stack.operator_env(
         {
             "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S),
             "STRATA_UTILIZATION_WINDOW_S": str(UTILIZATION_WINDOW_S),
-            # pods may go to the local node, whose pods run for real (the scaling act's)
+            # pods may go to the local node, whose pods run for real
             "STRATA_TOLERATIONS": json.dumps([LOCAL_TOLERATION]),
+            # the local node's NVMe: a directory of the demo's, not the machine's /var/lib
+            "STRATA_NVME_HOST_PATH": str(nvme),
         }
     )
     # One replica, so no peering: the chart names its peering object per release, and kopf given a
@@ -51,7 +75,7 @@ def apply_service(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-n", TENANT, "-f", "-", input=SERVICE_MANIFEST.read_text())
 
 
-def wait_ready(cluster: Cluster, timeout_s: int = 180) -> None:
+def wait_ready(cluster: Cluster, timeout_s: int = READY_S) -> None:
     cluster.kubectl(
         "wait",
         "--for=condition=Ready",
@@ -63,14 +87,13 @@ def wait_ready(cluster: Cluster, timeout_s: int = 180) -> None:
     )
 
 
-def pod_ip(cluster: Cluster) -> str:
-    """The IP of the service's (KWOK) pod: a loopback address of this cluster's own range, where
-    the worker started here listens in the pod's place, so the operator scrapes it there."""
-    pods = cluster.kubectl_json("get", "pods", "-n", TENANT, "-l", f"app.kubernetes.io/instance={SERVICE}")
-    ips = [p["status"]["podIP"] for p in pods["items"] if p["status"].get("podIP")]
-    if not ips:
-        raise RuntimeError(f"{TENANT}/{SERVICE}: no pod with an IP")
-    return str(ips[0])
+def walk_pod(cluster: Cluster) -> WalkPod:
+    """The service's (one) pod, with its IP and the worker.yaml its ConfigMap holds."""
+    pods = worker_pods(cluster, TENANT, SERVICE)
+    if not pods:
+        raise RuntimeError(f"{TENANT}/{SERVICE}: no running worker pod")
+    config = WorkerConfig.from_yaml(rendered_worker_config(cluster))
+    return WalkPod(TENANT, pods[0]["metadata"]["name"], loopback_ip(pods[0]), config)
 
 
 def status_signals(cluster: Cluster) -> dict[str, Any]:
@@ -138,3 +161,40 @@ def _pod_summary(cluster: Cluster) -> str:
         "securityContext": spec.get("securityContext"),
     }
     return "first pod, summarised:\n" + yaml.safe_dump(json.loads(json.dumps(summary)), sort_keys=False)
+
+
+def show_pod(cluster: Cluster, pod: WalkPod) -> str:
+    """The walk-through's pod as the runtime runs it: each container's host process and command
+    line (from the pod spec), and where each volume lives."""
+    obj = cluster.kubectl_json("get", "pod", pod.name, "-n", pod.namespace)
+    spec = obj["spec"]
+    lines = [
+        f"{pod.namespace}/{pod.name} on {spec['nodeName']} at {pod.ip}, run by the cluster's pod runtime:"
+    ]
+    sidecars = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
+    for container in (*sidecars, *spec["containers"]):
+        pid = cluster.container_pid(pod.namespace, pod.name, container["name"])
+        argv = " ".join([*container.get("command", []), *container.get("args", [])])
+        lines.append(f"  {container['name']:<8} pid {pid}: {argv}")
+    lines += [f"  volume {line}" for line in volume_lines(spec["volumes"])]
+    return "\n".join(lines)
+
+
+def volume_lines(volumes: list[dict[str, Any]]) -> list[str]:
+    """One line per pod volume: its kind and what it keeps across container restarts."""
+    lines = []
+    for volume in volumes:
+        if "hostPath" in volume:
+            lines.append(
+                f"{volume['name']}: hostPath {volume['hostPath']['path']} (the node's; outlives the pod)"
+            )
+        elif "emptyDir" in volume:
+            empty = volume["emptyDir"]
+            medium = "tmpfs" if empty.get("medium") == "Memory" else "directory"
+            size = f" of {empty['sizeLimit']}" if empty.get("sizeLimit") else ""
+            lines.append(f"{volume['name']}: emptyDir, a {medium}{size} (lives as long as the pod)")
+        elif "configMap" in volume:
+            lines.append(f"{volume['name']}: ConfigMap {volume['configMap']['name']}")
+        else:
+            lines.append(f"{volume['name']}: {', '.join(k for k in volume if k != 'name')}")
+    return lines

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from strata.cluster.cli import pid_alive
-from strata.demo.dataplane import nvme_dir, shm_dir
 from strata.demo.detached import Detached
+from strata.demo.platform import nvme_dir
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3600)]
 # The walk-through, then the scaling act: worker pods start (torch imports: minutes on a loaded
@@ -29,13 +29,14 @@ def strata(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-def scraped(prometheus: str, job: str, timeout_s: float = 60.0) -> bool:
-    """Whether Prometheus reports the job's target up (a scrape succeeded) within the timeout."""
-    query = urllib.parse.urlencode({"query": f'up{{job="{job}"}} == 1'})
+def scraped(prometheus: str, selector: str, targets: int, timeout_s: float = 60.0) -> bool:
+    """Whether Prometheus reports ``targets`` targets matching ``selector`` up (a scrape
+    succeeded) within the timeout."""
+    query = urllib.parse.urlencode({"query": f"up{{{selector}}} == 1"})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{prometheus}/api/v1/query?{query}", timeout=10) as resp:
-            if json.load(resp)["data"]["result"]:
+            if len(json.load(resp)["data"]["result"]) >= targets:
                 return True
         time.sleep(1)
     return False
@@ -47,30 +48,37 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
         up = strata("demo", "--dir", str(directory), timeout=DEMO_WITHIN_S)
         (tmp_path / "demo-output.txt").write_text(up.stdout + up.stderr)  # kept for a look afterwards
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        # The service went Ready under the operator, on a GPU node, with its sidecar.
+        # The service went Ready under the operator, its pod running for real on the local node,
+        # its sidecar and worker processes started by the pod runtime.
         assert re.search(r"tenant-a\s+chat\s+premium\s+demo-small\s+1\s+1", up.stdout), up.stdout
-        assert "gpu-node-" in up.stdout and "- kvtier" in up.stdout
-        # Each request of the walk was served by the tier it names (token counts from /metrics).
+        assert re.search(r"chat-0\s+2/2\s+Running\s+0\s+\S+\s+127\.[\d.]+\s+local-node-0", up.stdout)
+        assert "- kvtier" in up.stdout
+        assert re.search(r"kvtier\s+pid \d+: strata kvtier serve", up.stdout), up.stdout
+        assert re.search(r"engine\s+pid \d+: strata worker serve", up.stdout), up.stdout
+        # Each request of the walk was served by the tier it names, and by no other (token counts
+        # from the worker's /metrics): the DRAM row after the engine's crash, the NVMe row after
+        # engine and sidecar crashed, each restarted by the pod runtime.
         table = up.stdout[up.stdout.index("prompt tokens served from") :]
         assert re.search(r"cold \(nothing cached\).*none \(recomputed\)", table)
-        assert re.search(r"prefix in HBM .*hbm 3984$", table, re.M)
-        assert re.search(r"prefix in DRAM .*dram 3984$", table, re.M)
-        assert re.search(r"prefix on NVMe .*nvme 3984$", table, re.M)
+        served = r"\s+[\d.]+\s+[\d.]+x\s+"
+        assert re.search(rf"prefix in HBM{served}hbm 3984$", table, re.M), table
+        assert re.search(rf"engine crashed: HBM empty, prefix in DRAM{served}dram 3984$", table, re.M), table
+        assert re.search(rf"both crashed: DRAM empty, prefix on NVMe{served}nvme 3984$", table, re.M), table
         # The operator's autoscaler scraped the real worker into the service's status.
         assert re.search(r"ttftP95Ms: \d", up.stdout) and re.search(r"hbm: 0\.9\d*", up.stdout), up.stdout
         _check_the_scaling_act(up.stdout)
         pids = Detached(directory)._read()
-        assert set(pids) == {"operator", "kvtier", "worker", "prometheus"}
-        # Its Prometheus (the chart's monitors plus the local processes) scrapes the worker.
+        assert set(pids) == {"operator", "prometheus"}  # the worker and sidecar are the pod's
+        # Its Prometheus finds the real pod through the chart's monitors: the worker and the sidecar.
         prometheus = re.search(r"Prometheus at (http://127\.0\.0\.1:\d+)", up.stdout)
         assert prometheus, up.stdout
-        assert scraped(prometheus.group(1), "demo/worker"), "Prometheus never scraped the demo's worker"
+        walk_pod = 'job="strata-system/strata-workers", namespace="tenant-a", pod="chat-0"'
+        assert scraped(prometheus.group(1), walk_pod, 2), "Prometheus did not scrape chat-0's two ports"
     finally:
         down = strata("demo", "down", "--dir", str(directory), timeout=120)
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(pid) for pid in pids.values())
-    assert not shm_dir(directory.resolve()).exists()
-    assert not nvme_dir(directory.resolve()).exists()  # 4 GiB of disk
+    assert not nvme_dir(directory.resolve()).exists()  # the walk's NVMe tier: 4 GiB of disk
 
 
 def _check_the_scaling_act(stdout: str) -> None:

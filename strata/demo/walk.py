@@ -1,0 +1,139 @@
+"""The demo's walk through the memory hierarchy, at the premium service's real pod.
+
+One long prompt, four times: cold; again (HBM); after the engine container crashed (SIGKILL to
+its process, found through the pod runtime's records) and the runtime restarted it by the pod's
+restartPolicy: HBM is gone, the native sidecar kept running, so the prefix comes from DRAM; then
+after engine and sidecar both crashed: DRAM is gone with the sidecar's index, the prefix comes
+from NVMe, whose index is on the node's NVMe volume and survives. Each row counts the prompt
+tokens each tier served (the worker's own counters)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from strata import stack
+from strata.cluster.cluster import Cluster
+from strata.demo import dataplane
+from strata.worker.config import WorkerConfig
+
+ENGINE, SIDECAR = "engine", "kvtier"
+# A bound, not a wait: a restarted engine imports torch and loads its model (a minute or more on
+# a loaded two-core machine); the second crash also waits out the runtime's 10 s back-off.
+RESTART_S = 900.0
+# Write-through to NVMe runs in the background after the DRAM hit admits the blocks.
+COMMITTED_S = 120.0
+
+Row = tuple[str, float, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class WalkPod:
+    """The walk-through's pod: where it is, and its rendered worker.yaml (parsed once)."""
+
+    namespace: str
+    name: str
+    ip: str
+    config: WorkerConfig
+
+    @property
+    def api(self) -> str:
+        return f"http://{self.ip}:{self.config.server.port}"
+
+    @property
+    def kv_metrics(self) -> str:
+        return f"http://{self.ip}:{self.config.kvtier.metrics_port}"
+
+
+def restart_counts(pod: Mapping[str, Any]) -> dict[str, int]:
+    """Each container's restartCount (main and init containers) as the pod's status says."""
+    status = pod.get("status") or {}
+    listed = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    return {s["name"]: int(s.get("restartCount", 0)) for s in listed}
+
+
+def restarted_and_ready(pod: Mapping[str, Any], before: Mapping[str, int]) -> bool:
+    """Every container of ``before`` restarted since (restartCount went up) and is ready again,
+    and the pod is Ready: the runtime sets a container unready when it starts it, so its ready
+    flag after a higher restartCount is the new process's readiness probe."""
+    status = pod.get("status") or {}
+    listed = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    by_name = {s["name"]: s for s in listed}
+    for name, count in before.items():
+        state = by_name.get(name) or {}
+        if int(state.get("restartCount", 0)) <= count or not state.get("ready"):
+            return False
+    conditions = status.get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def blocks_of(tokens: float, block_size: int) -> int:
+    """Full blocks in ``tokens`` cached prompt tokens (only full blocks are cached)."""
+    return int(tokens) // block_size
+
+
+def crash(cluster: Cluster, pod: WalkPod, containers: Sequence[str]) -> None:
+    """SIGKILL each container's own process, as a crash would, and wait until the runtime has
+    restarted every one of them and the pod is Ready again."""
+    before = {name: restart_counts(_get(cluster, pod))[name] for name in containers}
+    for name in containers:
+        pid = cluster.container_pid(pod.namespace, pod.name, name)
+        if pid is None:
+            raise RuntimeError(f"{pod.namespace}/{pod.name}: container {name} has no running process")
+        os.kill(pid, signal.SIGKILL)
+    what = f"{pod.name}'s {' and '.join(containers)} to be restarted and the pod Ready"
+    stack.wait_for(
+        lambda: restarted_and_ready(_get(cluster, pod), before), RESTART_S, what=what, interval_s=1
+    )
+
+
+def _get(cluster: Cluster, pod: WalkPod) -> dict[str, Any]:
+    found: dict[str, Any] = cluster.kubectl_json("get", "pod", pod.name, "-n", pod.namespace)
+    return found
+
+
+def wait_committed(pod: WalkPod, tokens: float) -> None:
+    """Until the sidecar's NVMe index holds the blocks of ``tokens`` prompt tokens (committed:
+    data synced, then the index record), so that a crash now cannot lose them."""
+    wanted = blocks_of(tokens, pod.config.engine.block_size)
+    stack.wait_for(
+        lambda: dataplane.held_blocks(pod.kv_metrics)["nvme"] >= wanted,
+        COMMITTED_S,
+        what=f"{wanted} blocks committed on the NVMe tier",
+    )
+
+
+def walk(cluster: Cluster, pod: WalkPod, prompt_tokens: int) -> list[Row]:
+    prompt = dataplane.long_prompt(prompt_tokens)
+    rows: list[Row] = []
+
+    def measure(label: str) -> dict[str, float]:
+        before = dataplane.hit_tokens(pod.api)
+        ttft = dataplane.time_to_first_token(pod.api, pod.config.model.name, prompt)
+        after = dataplane.hit_tokens(pod.api)
+        rows.append((label, ttft, {t: after[t] - before[t] for t in dataplane.TIERS}))
+        print(f"  {label:<44} TTFT {ttft:7.3f} s", flush=True)
+        return rows[-1][2]
+
+    measure("cold (nothing cached)")
+    measure("again: prefix in HBM")
+    print(f"  (SIGKILL to {pod.name}'s {ENGINE} process; the pod runtime restarts it)", flush=True)
+    crash(cluster, pod, [ENGINE])
+    from_dram = measure("engine crashed: HBM empty, prefix in DRAM")
+    wait_committed(pod, from_dram["dram"])
+    print(f"  (SIGKILL to {pod.name}'s {SIDECAR} and {ENGINE} processes; both restarted)", flush=True)
+    crash(cluster, pod, [SIDECAR, ENGINE])
+    measure("both crashed: DRAM empty, prefix on NVMe")
+    return rows
+
+
+def table(rows: Sequence[Row]) -> list[str]:
+    cold = rows[0][1]
+    lines = [f"{'request':<46}{'TTFT s':>9}{'vs cold':>9}   prompt tokens served from"]
+    for label, ttft, hits in rows:
+        served = ", ".join(f"{t} {int(n)}" for t, n in hits.items() if n) or "none (recomputed)"
+        lines.append(f"{label:<46}{ttft:>9.3f}{cold / ttft:>8.1f}x   {served}")
+    return lines
