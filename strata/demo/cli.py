@@ -25,6 +25,9 @@ def step(title: str) -> None:
 
 
 def up(directory: Path) -> int:
+    if directory.exists():  # an earlier run's: its warm pod and its NVMe files would spoil "cold"
+        print(f"strata demo: stopping what an earlier run left in {directory} first", flush=True)
+        down(directory)
     detached = Detached(directory)
     started = time.monotonic()
     step(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,19 +76,21 @@ def blocks_of(tokens: float, block_size: int) -> int:
     return int(tokens) // block_size
 
 
-def crash(cluster: Cluster, pod: WalkPod, containers: Sequence[str]) -> None:
+def crash(cluster: Cluster, pod: WalkPod, containers: Sequence[str]) -> float:
     """SIGKILL each container's own process, as a crash would, and wait until the runtime has
-    restarted every one of them and the pod is Ready again."""
+    restarted every one of them and the pod is Ready again; the seconds that took."""
     before = {name: restart_counts(_get(cluster, pod))[name] for name in containers}
     for name in containers:
         pid = cluster.container_pid(pod.namespace, pod.name, name)
         if pid is None:
             raise RuntimeError(f"{pod.namespace}/{pod.name}: container {name} has no running process")
         os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
     what = f"{pod.name}'s {' and '.join(containers)} to be restarted and the pod Ready"
     stack.wait_for(
         lambda: restarted_and_ready(_get(cluster, pod), before), RESTART_S, what=what, interval_s=1
     )
+    return time.monotonic() - killed
 
 
 def _get(cluster: Cluster, pod: WalkPod) -> dict[str, Any]:
@@ -120,12 +123,14 @@ def walk(cluster: Cluster, pod: WalkPod, prompt_tokens: int) -> list[Row]:
 
     measure("cold (nothing cached)")
     measure("again: prefix in HBM")
-    print(f"  (SIGKILL to {pod.name}'s {ENGINE} process; the pod runtime restarts it)", flush=True)
-    crash(cluster, pod, [ENGINE])
+    print(f"  SIGKILL to {pod.name}'s {ENGINE} process ...", flush=True)
+    took = crash(cluster, pod, [ENGINE])
+    print(f"  ... the pod runtime restarted it; {pod.name} Ready again after {took:.0f} s", flush=True)
     from_dram = measure("engine crashed: HBM empty, prefix in DRAM")
     wait_committed(pod, from_dram["dram"])
-    print(f"  (SIGKILL to {pod.name}'s {SIDECAR} and {ENGINE} processes; both restarted)", flush=True)
-    crash(cluster, pod, [SIDECAR, ENGINE])
+    print(f"  SIGKILL to {pod.name}'s {SIDECAR} and {ENGINE} processes ...", flush=True)
+    took = crash(cluster, pod, [SIDECAR, ENGINE])
+    print(f"  ... the pod runtime restarted both; Ready again after {took:.0f} s", flush=True)
     measure("both crashed: DRAM empty, prefix on NVMe")
     return rows
 

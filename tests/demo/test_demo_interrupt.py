@@ -32,8 +32,12 @@ def processes_of(directory: Path) -> list[str]:
         except (OSError, ValueError):
             continue  # gone meanwhile, or not a process
         if str(directory) in argv and entry.name != str(os.getpid()):
-            found.append(f"{entry.name}: {argv[:200]}")
+            found.append(f"{entry.name}: {argv}")
     return found
+
+
+def short(processes: list[str]) -> list[str]:
+    return [p[:200] for p in processes]
 
 
 def _default_sigint() -> None:
@@ -61,11 +65,15 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
         assert running, "nothing of the demo's runs: the check below would prove nothing"
         # The walk-through pod's containers run (their shims name the pod runtime's state there).
         for container in ("engine", "kvtier"):
-            assert any("tenant-a_chat-0_" in p and f"{container}.launch.json" in p for p in running), running
+            shim = "tenant-a_chat-0_"
+            assert any(shim in p and f"/{container}.launch.json" in p for p in running), short(running)
         os.killpg(demo.pid, signal.SIGINT)
         assert demo.wait(STOPPED_WITHIN_S) == 130, log.read_text()[-3000:]
     finally:
         if demo.poll() is None:  # the test failed before the interrupt: leave nothing behind
+            # The demo first, or it goes on starting things (Prometheus) after `down` has run.
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
             subprocess.run(
                 [sys.executable, "-m", "strata", "demo", "down", "--dir", str(directory)], check=False
             )
@@ -73,4 +81,4 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     try:
         wait_for(lambda: not processes_of(directory), STOPPED_WITHIN_S, "the demo's processes to go")
     except WaitTimeout:
-        pytest.fail(f"left behind after Ctrl-C: {processes_of(directory)}")
+        pytest.fail(f"left behind after Ctrl-C: {short(processes_of(directory))}")
