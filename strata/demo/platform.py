@@ -11,7 +11,7 @@ import yaml
 from strata import stack
 from strata.cluster import cli as cluster_cli
 from strata.cluster.cluster import Cluster
-from strata.cluster.nodes import LOCAL_TOLERATION, machine_cpus
+from strata.cluster.nodes import machine_cpus
 from strata.demo.detached import Detached
 from strata.demo.walk import WalkPod
 from strata.operator.api.quantity import parse_milli
@@ -56,10 +56,9 @@ def start_operator(detached: Detached, kubeconfig: Path, nvme: Path) -> int:
         {
             "STRATA_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S),
             "STRATA_UTILIZATION_WINDOW_S": str(UTILIZATION_WINDOW_S),
-            # pods may go to the local node, whose pods run for real
-            "STRATA_TOLERATIONS": json.dumps([LOCAL_TOLERATION]),
-            # the local node's NVMe: a directory of the demo's, not the machine's /var/lib
-            "STRATA_NVME_HOST_PATH": str(nvme),
+            # Pods may go to the local node, whose pods run for real; its NVMe volume is a
+            # directory of the demo's, not the machine's /var/lib.
+            **stack.local_pods_env(nvme),
         }
     )
     # One replica, so no peering: the chart names its peering object per release, and kopf given a

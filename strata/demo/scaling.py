@@ -25,7 +25,6 @@ import openai
 
 from strata import stack
 from strata.cluster.cluster import Cluster
-from strata.cluster.nodes import LOCAL_GPU_PRODUCT
 from strata.demo.platform import UTILIZATION_WINDOW_S
 from strata.demo.sizing import HEADROOM, LOAD_SHARE, Measured, Sizing, size
 from strata.demo.tally import Tally
@@ -175,11 +174,10 @@ def _serving_url(cluster: Cluster, service: str) -> str | None:
 
 
 def _service(act: Act) -> dict[str, Any]:
-    resources = {"gpus": 0, "gpuProduct": LOCAL_GPU_PRODUCT, "cpu": "250m", "memory": "1Gi"}
     return stack.inference_service(
         act.service,
         act.tier,
-        resources=resources,
+        resources=stack.local_resources("250m", "1Gi"),
         cache={"dram": "0", "nvme": "0"},  # HBM only: CPU is scarce here
         replicas=1,
         minReplicas=1,
