@@ -6,6 +6,7 @@ import argparse
 import shutil
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from strata import stack
@@ -63,18 +64,25 @@ def up(directory: Path) -> int:
 
 
 def _traffic_until_scraped(cluster: Cluster, pod: walk.WalkPod) -> None:
-    """Repeated requests until the operator has written an interval that had some into the
-    service's status (TTFT and hit ratio). A fixed few intervals were not enough: the interval
-    that spans the walk's restarts (counters reset) may be the last one written."""
+    """Repeated requests until the operator has written into the service's status (TTFT and hit
+    ratio) an interval that holds only these: one that began after they did. The first interval
+    written after they started may still hold the walk's last request, or span its restarts."""
     prompt = dataplane.long_prompt(PROMPT_TOKENS)
+    # observedAt has whole seconds: a scrape shown at or after the next whole second was after now.
+    started = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    seen: set[datetime] = set()
     deadline = time.monotonic() + SCRAPED_WITHIN_S
     while time.monotonic() < deadline:
         for _ in range(3):
             dataplane.time_to_first_token(pod.api, pod.config.model.name, prompt)
         signals = platform.status_signals(cluster)
-        if signals.get("ttftP95Ms") is not None and signals.get("prefixHitRatio"):
+        observed = platform.observed_at(signals)
+        if observed is not None and observed >= started:
+            seen.add(observed)
+        # The second scrape written since: its interval began at a scrape after ``started``.
+        if len(seen) >= 2 and signals.get("ttftP95Ms") is not None and signals.get("prefixHitRatio"):
             return
-    print(f"(the operator wrote no interval with requests within {SCRAPED_WITHIN_S:.0f} s)")
+    print(f"(the operator wrote no interval of these requests alone within {SCRAPED_WITHIN_S:.0f} s)")
 
 
 def _usage(directory: Path, kubeconfig: Path, pod: walk.WalkPod, prometheus: str, elapsed_s: float) -> str:

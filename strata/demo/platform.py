@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,12 @@ def status_signals(cluster: Cluster) -> dict[str, Any]:
     """The service's ``status.signals`` as the operator last wrote them ({} before the first)."""
     service = cluster.kubectl_json("get", "inferenceservice", SERVICE, "-n", TENANT)
     return dict((service.get("status") or {}).get("signals") or {})
+
+
+def observed_at(signals: dict[str, Any]) -> datetime | None:
+    """When the operator scraped the signals (``observedAt``, RFC 3339 in UTC), or None."""
+    value = signals.get("observedAt")
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if value else None
 
 
 def signals(cluster: Cluster) -> str:

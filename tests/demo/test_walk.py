@@ -92,3 +92,9 @@ def test_volume_lines_say_what_survives_a_container_restart() -> None:
 
 def test_the_walk_pod_asks_its_engine_and_sidecar_cpu() -> None:
     assert platform.walk_pod_millicpu() == 250 + 500
+
+
+def test_observed_at_is_the_scrape_time_in_utc() -> None:
+    observed = platform.observed_at({"observedAt": "2026-12-01T01:24:38Z"})
+    assert observed is not None and observed.isoformat() == "2026-12-01T01:24:38+00:00"
+    assert platform.observed_at({}) is None
