@@ -63,6 +63,7 @@ class PodMetrics:
         self.cluster = cluster
         self.handler = _handler(worker)
         self.servers: dict[str, ThreadingHTTPServer] = {}
+        self.taken: set[str] = set()  # IPs a real process serves: a local-node pod of another test
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._follow, daemon=True)
 
@@ -78,9 +79,20 @@ class PodMetrics:
                 "jsonpath={.items[*].status.podIP}",
                 check=False,
             ).stdout.split()
-            for ip in set(listed) - set(self.servers):
-                self.servers[ip] = ThreadingHTTPServer((ip, SERVER_PORT), self.handler)
-                threading.Thread(target=self.servers[ip].serve_forever, daemon=True).start()
+            for ip in set(listed) - set(self.servers) - self.taken:
+                self._serve(ip)
+
+    def _serve(self, ip: str) -> None:
+        try:
+            server = ThreadingHTTPServer((ip, SERVER_PORT), self.handler)
+        except OSError:
+            # Pods of every namespace are listed, so a real worker still draining on the local
+            # node (an earlier test's) may hold its IP: it is not ours to stand in for, and the
+            # loop must go on serving the pods that appear after it.
+            self.taken.add(ip)
+            return
+        self.servers[ip] = server
+        threading.Thread(target=server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.stop.set()
