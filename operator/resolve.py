@@ -23,8 +23,8 @@ from strata.operator.api import (
 from strata.operator.plan import ModelSource, NvmePlan, OwnerRef, PodPlan, ServicePlan, SharedPlan
 from strata.operator.replicas import desired_replicas
 from strata.operator.tenancy import cache_namespace
+from strata.router.config import HoldConfig, PriorityConfig, QueueConfig, RouterConfig, WorkersConfig
 from strata.router.config import ModelConfig as RouterModel
-from strata.router.config import PriorityConfig, QueueConfig, RouterConfig, WorkersConfig
 from strata.worker.config import (
     DramTierConfig,
     EngineConfig,
@@ -258,6 +258,10 @@ def _router_config(isvc: InferenceService, tier: ServiceTier, worker: WorkerConf
         queue=QueueConfig(
             max_inflight_per_endpoint=worker.engine.max_num_seqs,
             ttl_s=float(tier_spec.routing.queue_ttl_seconds),
+        ),
+        hold=HoldConfig(
+            max_requests=tier_spec.routing.hold_max_requests,
+            timeout_s=float(tier_spec.routing.hold_timeout_seconds),
         ),
     )
 

@@ -71,11 +71,20 @@ class QueueConfig(_Strict):
     max_len: int = Field(1024, ge=0, description="Waiting requests beyond this get 429 at once.")
 
 
+# The defaults of a ServiceTier's spec.routing.holdMaxRequests / holdTimeoutSeconds too.
+HOLD_MAX_REQUESTS = 256
+HOLD_TIMEOUT_S = 300
+
+
 class HoldConfig(_Strict):
     """Scale from zero: requests held while the service has no ready worker."""
 
-    max_requests: int = Field(256, ge=0, description="Held requests beyond this get 503 at once.")
-    timeout_s: float = Field(300.0, gt=0, description="A request held longer gets 503 with Retry-After.")
+    max_requests: int = Field(
+        HOLD_MAX_REQUESTS, ge=0, description="Held requests beyond this get 503 at once."
+    )
+    timeout_s: float = Field(
+        float(HOLD_TIMEOUT_S), gt=0, description="A request held longer gets 503 with Retry-After."
+    )
 
 
 class TimeoutsConfig(_Strict):

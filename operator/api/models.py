@@ -36,6 +36,7 @@ from strata.operator.api.quantity import (
     parse_size,
     quantity_fraction,
 )
+from strata.router.config import HOLD_MAX_REQUESTS, HOLD_TIMEOUT_S
 
 GROUP = "strata.dev"
 VERSION = "v1alpha1"
@@ -697,6 +698,20 @@ class TierRoutingPolicy(ApiModel):
         le=3600,
         description="Longest a request may wait in a queue (the router's, then the worker's) before it is "
         "refused with 429 and Retry-After; one that would wait longer is refused at once (s).",
+    )
+    hold_timeout_seconds: int = Field(
+        HOLD_TIMEOUT_S,
+        ge=1,
+        le=3600,
+        description="While the service has no ready replica (scaled to zero, waking up), longest the router "
+        "holds a request before refusing it with 503 and Retry-After: at least the tier's pod start-up (s).",
+    )
+    hold_max_requests: int = Field(
+        HOLD_MAX_REQUESTS,
+        ge=0,
+        le=100000,
+        description="Requests the router holds while the service has no ready replica; more are refused at "
+        "once with 503 and Retry-After. 0: none are held, a request to a service at zero is refused.",
     )
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from strata.operator.api import ServiceTierSpec
-from strata.router.config import HoldConfig, QueueConfig
+from strata.router.config import QueueConfig
 from strata.sim.requests import Result, Seq
 
 
@@ -38,11 +38,11 @@ class Limits:
 
     @classmethod
     def of(cls, tier: ServiceTierSpec, max_num_seqs: int) -> Limits:
-        hold, queue = HoldConfig(), QueueConfig()
+        queue = QueueConfig()
         return cls(
             slots=max_num_seqs,
-            hold_max=hold.max_requests,
-            hold_s=hold.timeout_s,
+            hold_max=tier.routing.hold_max_requests,
+            hold_s=float(tier.routing.hold_timeout_seconds),
             queue_max=queue.max_len,
             queue_s=float(tier.routing.queue_ttl_seconds),
         )

@@ -138,6 +138,14 @@ def test_invalid_service_specs_are_refused_offline(fields: dict[str, Any], expec
             "must not exceed spec.autoscaling.maxReplicas",
         ),
         ({"limits": {"maxGpusPerReplica": 8, "maxGpusPerService": 4}}, "maxGpusPerReplica must not exceed"),
+        (
+            {"routing": {"holdTimeoutSeconds": 0}},
+            "routing.holdTimeoutSeconds\n  Input should be greater than or equal to 1",
+        ),
+        (
+            {"routing": {"holdMaxRequests": -1}},
+            "routing.holdMaxRequests\n  Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_invalid_tiers_are_refused_offline(fields: dict[str, Any], expected: str) -> None:

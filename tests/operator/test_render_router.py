@@ -16,7 +16,7 @@ from strata.operator.render.router import POD_READER_RULES, render_router
 from strata.operator.render.workload import render_workload
 from strata.operator.resolve import ResolveInput, resolve
 from strata.operator.settings import OperatorSettings, Resources
-from strata.router.config import RouterConfig
+from strata.router.config import HoldConfig, RouterConfig
 from strata.router.discovery import pod_state
 from strata.worker.kv_connector import root_hash
 
@@ -70,6 +70,14 @@ def test_a_tiers_queue_ttl_reaches_router_and_workers():
     plan = resolve(ResolveInput(body, tier, NS_UID))
     assert plan.router.queue.ttl_s == 120 == plan.worker.engine.queue_timeout_s
     assert plan.router.priority.default == 1000
+
+
+def test_a_tiers_hold_limits_reach_the_router_and_default_to_the_routers_own():
+    plan = resolve(ResolveInput(isvc_body(), tier_body("batch"), NS_UID))
+    assert plan.router.hold == HoldConfig()
+    tier = tier_body("batch", routing={"holdTimeoutSeconds": 900, "holdMaxRequests": 32})
+    plan = resolve(ResolveInput(isvc_body(), tier, NS_UID))
+    assert (plan.router.hold.timeout_s, plan.router.hold.max_requests) == (900, 32)
 
 
 def test_two_hardened_replicas_with_a_pdb_and_a_pod_reading_role():
