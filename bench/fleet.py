@@ -19,9 +19,12 @@ from typing import Any
 import yaml
 
 from strata.cluster import Cluster
+from strata.operator import names
 from strata.operator.kube import KubeClient
+from strata.operator.plan import OwnerRef
 from strata.operator.render.configmap import render_configmap
 from strata.operator.render.pdb import render_pdb
+from strata.operator.render.priorityclass import render_priorityclass
 from strata.operator.render.router import render_router
 from strata.operator.render.services import render_client_service, render_metrics_service
 from strata.operator.render.workload import render_workload
@@ -67,16 +70,13 @@ def flow_schema() -> dict[str, Any]:
     }
 
 
-def child_sizes() -> list[int]:
-    """Bytes of each child the operator renders for one benchmark service, as JSON (the
-    router's five included: the raw phase creates as many objects as the operator does)."""
-    tier = yaml.safe_load((CHART / "files" / "servicetiers" / "standard.yaml").read_text())
-    tier["metadata"]["uid"] = "tier-uid"
-    body = inference_service("svc-0")
-    body["metadata"].update(namespace="tenant-0", uid="0b5e7c1e-1111-4222-8333-444455556666")
-    plan = resolve(ResolveInput(body, tier, "0b5e7c1e-1111-4222-8333-444455556667"))
+def rendered_children(namespace: str, name: str) -> list[dict[str, Any]]:
+    """The children the operator renders for one benchmark service, the router's five included."""
+    body = inference_service(name)
+    body["metadata"].update(namespace=namespace, uid="0b5e7c1e-1111-4222-8333-444455556666")
+    plan = resolve(ResolveInput(body, _tier(), "0b5e7c1e-1111-4222-8333-444455556667"))
     settings = OperatorSettings(nvme_volume="hostPath")
-    children = [
+    return [
         render_configmap(plan),
         render_client_service(plan),
         render_metrics_service(plan),
@@ -84,7 +84,41 @@ def child_sizes() -> list[int]:
         render_workload(plan, settings),
         *render_router(plan, settings),
     ]
-    return [len(json.dumps(c)) for c in children]
+
+
+def unowned_children(namespace: str, name: str) -> list[dict[str, Any]]:
+    """The same children without owner references, for a cluster where no InferenceService owns
+    them (the garbage collector would delete children whose owner does not exist)."""
+    out = rendered_children(namespace, name)
+    for child in out:
+        child["metadata"].pop("ownerReferences", None)
+    return out
+
+
+def _tier() -> dict[str, Any]:
+    tier: dict[str, Any] = yaml.safe_load((CHART / "files" / "servicetiers" / "standard.yaml").read_text())
+    tier["metadata"]["uid"] = "tier-uid"
+    return tier
+
+
+def child_sizes() -> list[int]:
+    """Bytes of each child the operator renders for one benchmark service, as JSON (the raw
+    phase creates as many objects as the operator does, of these sizes)."""
+    return [len(json.dumps(c)) for c in rendered_children("tenant-0", "svc-0")]
+
+
+def priority_class_json() -> str:
+    """The benchmark tier's PriorityClass as the operator renders it, without its owner (for a
+    cluster with no operator running)."""
+    tier = _tier()
+    owner = OwnerRef(names.API_VERSION, names.TIER_KIND, tier["metadata"]["name"], "tier-uid")
+    manifest = render_priorityclass(tier["metadata"]["name"], tier["spec"]["priority"], owner)
+    manifest["metadata"].pop("ownerReferences")
+    return json.dumps(manifest)
+
+
+def namespaces(names_: list[str]) -> list[dict[str, Any]]:
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in names_]
 
 
 def sized_configmap(namespace: str, name: str, size: int) -> dict[str, Any]:
@@ -170,6 +204,38 @@ def quantile(before: dict[float, float], after: dict[float, float], q: float) ->
     if not delta or delta[-1] <= 0:
         return None
     return next(b for b, n in zip(bounds, delta, strict=True) if n >= q * delta[-1])
+
+
+def mean_latencies(before: str, after: str) -> dict[str, float]:
+    """The API server's mean request duration per ``verb resource`` between two scrapes of its
+    /metrics (``apiserver_request_duration_seconds``), for request kinds seen in between."""
+    sums, counts = _by_request(before), _by_request(after)
+    out = {}
+    for key, (total, count) in counts.items():
+        was_total, was_count = sums.get(key, (0.0, 0.0))
+        if count > was_count:
+            out[key] = round((total - was_total) / (count - was_count), 4)
+    return dict(sorted(out.items()))
+
+
+def _by_request(text: str) -> dict[str, tuple[float, float]]:
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for suffix, index in (("_sum{", 0), ("_count{", 1)):
+            if line.startswith("apiserver_request_duration_seconds" + suffix):
+                head, _, value = line.rpartition(" ")
+                key = f"{_label(head, 'verb')} {_label(head, 'resource')}"
+                if _label(head, "subresource"):
+                    key += "/" + _label(head, "subresource")
+                found.setdefault(key, [0.0, 0.0])[index] += float(value)
+    return {k: (v[0], v[1]) for k, v in found.items()}
+
+
+def _label(head: str, name: str) -> str:
+    for marker in (f'{{{name}="', f',{name}="'):  # "resource" is also the end of "subresource"
+        if marker in head:
+            return head.split(marker, 1)[1].split('"', 1)[0]
+    return ""
 
 
 def apiserver_metrics(cluster: Cluster) -> str:
