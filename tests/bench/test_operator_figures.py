@@ -44,3 +44,30 @@ def test_a_smaller_run_keeps_the_rate_and_has_a_gpu_for_every_service() -> None:
     assert (small.services, small.rate_per_s, small.steady_s) == (300, 10.0, 30.0)
     assert small.nodes * small.gpus_per_node >= 600
     assert Scale.sized(1000).steady_s == Scale().steady_s
+
+
+def test_the_api_servers_mean_latency_per_request_kind_between_two_scrapes() -> None:
+    def metrics(apply_sum: float, apply_count: int, status_count: int) -> str:
+        name = "apiserver_request_duration_seconds"
+        services = 'component="apiserver",group="",resource="services",scope="resource",subresource=""'
+        status = 'component="apiserver",group="apps",resource="deployments",subresource="status"'
+        return "\n".join(
+            [
+                f'{name}_sum{{{services},verb="APPLY",version="v1"}} {apply_sum}',
+                f'{name}_count{{{services},verb="APPLY",version="v1"}} {apply_count}',
+                f'{name}_sum{{{status},verb="PUT",version="v1"}} {status_count * 0.1}',
+                f'{name}_count{{{status},verb="PUT",version="v1"}} {status_count}',
+            ]
+        )
+
+    before, after = metrics(10.0, 100, 5), metrics(40.0, 110, 5)
+    # 10 applies of Services in between took 30 s; no status update happened in between
+    assert fleet.mean_latencies(before, after) == {"APPLY services": 3.0}
+
+
+def test_the_raw_phase_writes_the_operators_own_children_owned_by_nothing() -> None:
+    children = fleet.unowned_children("tenant-0", "svc-0")
+    assert [c["kind"] for c in children].count("Deployment") == 2  # the workload and the router's
+    assert len(children) == len(fleet.child_sizes()) == 10
+    assert all("ownerReferences" not in c["metadata"] for c in children)
+    assert all("ownerReferences" in c["metadata"] for c in fleet.rendered_children("tenant-0", "svc-0"))
