@@ -17,7 +17,11 @@ class OperatorMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
-        r = self.registry
+        self._reconcile_metrics(self.registry)
+        self._api_metrics(self.registry)
+        self._wait_metrics(self.registry)
+
+    def _reconcile_metrics(self, r: CollectorRegistry) -> None:
         self.reconciles = Counter(
             "strata_operator_reconciles", "InferenceService reconciles, by result.", ["result"], registry=r
         )
@@ -45,6 +49,7 @@ class OperatorMetrics:
             registry=r,
         )
 
+    def _api_metrics(self, r: CollectorRegistry) -> None:
         self.api_requests = Counter(
             "strata_operator_api_requests",
             "Requests the operator's client sent to the API server, by verb, resource and answer "
@@ -70,7 +75,9 @@ class OperatorMetrics:
             "API requests that waited for a free slot under the client's in-flight limit.",
             registry=r,
         )
-        # Where a slow reconcile spends its time, apart from the API server's own latency above.
+
+    def _wait_metrics(self, r: CollectorRegistry) -> None:
+        """Where a slow reconcile spends its time, apart from the API server's own latency."""
         self.api_slot_wait = Histogram(
             "strata_operator_api_slot_wait_seconds",
             "Time a request waited for a slot under the client's in-flight limit.",
