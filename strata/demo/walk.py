@@ -18,6 +18,7 @@ from typing import Any
 
 from strata import stack
 from strata.cluster.cluster import Cluster
+from strata.cluster.podruntime.status import container_statuses
 from strata.demo import dataplane
 from strata.worker.config import WorkerConfig
 
@@ -51,9 +52,8 @@ class WalkPod:
 
 def restart_counts(pod: Mapping[str, Any]) -> dict[str, int]:
     """Each container's restartCount (main and init containers) as the pod's status says."""
-    status = pod.get("status") or {}
-    listed = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
-    return {s["name"]: int(s.get("restartCount", 0)) for s in listed}
+    statuses = container_statuses(pod.get("status") or {})
+    return {name: int(s.get("restartCount", 0)) for name, s in statuses.items()}
 
 
 def restarted_and_ready(pod: Mapping[str, Any], before: Mapping[str, int]) -> bool:
@@ -61,8 +61,7 @@ def restarted_and_ready(pod: Mapping[str, Any], before: Mapping[str, int]) -> bo
     and the pod is Ready: the runtime sets a container unready when it starts it, so its ready
     flag after a higher restartCount is the new process's readiness probe."""
     status = pod.get("status") or {}
-    listed = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
-    by_name = {s["name"]: s for s in listed}
+    by_name = container_statuses(status)
     for name, count in before.items():
         state = by_name.get(name) or {}
         if int(state.get("restartCount", 0)) <= count or not state.get("ready"):
@@ -79,7 +78,8 @@ def blocks_of(tokens: float, block_size: int) -> int:
 def crash(cluster: Cluster, pod: WalkPod, containers: Sequence[str]) -> float:
     """SIGKILL each container's own process, as a crash would, and wait until the runtime has
     restarted every one of them and the pod is Ready again; the seconds that took."""
-    before = {name: restart_counts(_get(cluster, pod))[name] for name in containers}
+    counts = restart_counts(_get(cluster, pod))
+    before = {name: counts[name] for name in containers}
     for name in containers:
         pid = cluster.container_pid(pod.namespace, pod.name, name)
         if pid is None:

@@ -8,7 +8,7 @@ started and restartCount, and the pod and host IPs.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,12 @@ from strata.cluster.podruntime.records import ContainerRecord, Exit
 from strata.cluster.podruntime.spec import Container, Pod
 
 KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+
+
+def container_statuses(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A pod status's container statuses, init (native sidecars among them) and main, by name."""
+    listed = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    return {s["name"]: s for s in listed}
 
 
 def timestamp(epoch: float) -> str:

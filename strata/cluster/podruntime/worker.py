@@ -26,7 +26,7 @@ from strata.cluster.podruntime.host import HOST_IP, MIN_GRACE_S, Host, Node
 from strata.cluster.podruntime.kubeapi import STRATEGIC, ApiError
 from strata.cluster.podruntime.mounts import Mount, PodDirs, container_mounts, image_mount
 from strata.cluster.podruntime.spec import Container, Pod, Probe, parse_pod
-from strata.cluster.podruntime.status import Addresses, pod_status
+from strata.cluster.podruntime.status import Addresses, container_statuses, pod_status
 
 log = logging.getLogger(__name__)
 VOLUME_RETRY_S = 2.0
@@ -381,7 +381,6 @@ def _string_data(obj: dict[str, Any], secret: bool) -> dict[str, str]:
 
 
 def _adopted_records(pod: Pod, status: dict[str, Any], now: float) -> dict[str, records.ContainerRecord]:
-    listed = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
-    by_name = {s["name"]: s for s in listed}
+    by_name = container_statuses(status)
     names = [c.name for c in (*pod.spec.init_containers, *pod.spec.containers)]
     return {name: records.adopted_from_status(name, by_name.get(name), now) for name in names}
