@@ -16,6 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --progress-bar off --upgrade pip
 	@echo "venv: [2/2] the project and its dependencies (torch from PyPI is a few GB)"
 	$(PY) -m pip install --progress-bar off -e '.[dev]'
+	@echo "venv: the KV tiers' compiled copy-and-checksum (without a C compiler they use the Python path)"
+	-$(PY) -m strata kvtier build-native
 	touch $@
 
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm: one Go build,

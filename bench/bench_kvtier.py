@@ -24,6 +24,7 @@ from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth
 from bench.kvtier_sidecar import config, drop_page_cache, sidecar
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier.client import TierClient
+from strata.worker.kvtier.native import path_name
 
 PROMPTS = {"4k": 4096, "16k": 16384}
 
@@ -135,7 +136,7 @@ def run() -> dict[str, Any]:
     kvtier_hits.trace_paths()  # before the long passes: fail at once when the traces are missing
     root = Path(tempfile.mkdtemp(prefix="kvbench-", dir="/tmp"))
     try:
-        result: dict[str, Any] = bandwidth(root)
+        result: dict[str, Any] = {"copy_path": path_name()} | bandwidth(root)
         result["ttft_s"] = ttft(root)
         result |= kvtier_hits.run()
     finally:
@@ -157,6 +158,10 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
         "dram_put_over_memcpy_to_shm": r(result["dram_put_gbps"], result["memcpy_to_shm_gbps"]),
         "memcpy_to_shm_over_memcpy": r(result["memcpy_to_shm_gbps"], result["memcpy_gbps"]),
         "torch_copy_cpu_over_memcpy_cpu": r(result["torch_copy_cpu_gbps"], result["memcpy_cpu_gbps"]),
+        "copy_hash_cpu_over_memcpy_cpu": r(result["copy_hash_cpu_gbps"], result["memcpy_cpu_gbps"]),
+        "copy_hash_python_cpu_over_memcpy_cpu": r(
+            result["copy_hash_python_cpu_gbps"], result["memcpy_cpu_gbps"]
+        ),
         "dram_put_cpu_over_memcpy_to_shm_cpu": r(
             result["dram_put_cpu_gbps"], result["memcpy_to_shm_cpu_gbps"]
         ),
@@ -180,7 +185,8 @@ def summary(result: dict[str, Any]) -> str:
     q = result["ratios"]
     checks = result["policy_checks"]
     return (
-        f"dram put/get {q['dram_put_over_memcpy']}x/{q['dram_get_over_memcpy']}x memcpy, "
+        f"dram put/get {q['dram_put_over_memcpy']}x/{q['dram_get_over_memcpy']}x memcpy "
+        f"({result['copy_path']} copy and checksum), "
         f"nvme read/write {q['nvme_read_over_file_read']}x/{q['nvme_write_over_file_write']}x file I/O "
         f"({q['nvme_read_over_direct_read']}x/{q['nvme_write_over_direct_write']}x direct I/O), "
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "

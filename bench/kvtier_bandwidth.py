@@ -7,7 +7,9 @@ machine hits all of them alike.
   many threads as the client copies on (4), by libc ``memmove`` like the client's, between
   private buffers (``memcpy``) and into a shared-memory mapping like the tier's
   (``memcpy_to_shm``: what writing shared memory costs here); ``torch_copy`` is torch's
-  ``copy_`` of the same blocks, for reference. A put hashes every block along its copy and
+  ``copy_`` of the same blocks, for reference; ``copy_hash`` the client's fused copy and
+  checksum alone (the compiled routine where it built: ``copy_path`` in the JSON says which ran)
+  and ``copy_hash_python`` its Python fallback, side by side. A put hashes every block along its copy and
   hands the sidecar the checksums (nothing is left for its sealer). A get reads the chain put
   a repeat earlier: ``dram_get`` checks every block against its checksum as it copies (the
   default); ``dram_unchecked_get`` is a sidecar with ``dram.verify_reads: false``. DRAM holds
@@ -38,7 +40,7 @@ import torch
 
 from bench.kvtier_sidecar import config, drop_page_cache, refs, sidecar
 from strata.worker.kvtier.arena import SlotArena
-from strata.worker.kvtier.blockcopy import flat_bytes, host_copy
+from strata.worker.kvtier.blockcopy import copy_hashing_all, copy_hashing_python, flat_bytes, host_copy
 from strata.worker.kvtier.client import TierClient
 
 BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
@@ -112,7 +114,8 @@ def copy_passes(
     pool: ThreadPoolExecutor, blocks: list[torch.Tensor], out: list[torch.Tensor], shm: list[torch.Tensor]
 ) -> dict[str, Pass]:
     """Plain copies of the blocks by libc ``memmove``, as the client's host copies are (with its
-    thread count, on one thread, into shared memory), and torch's ``copy_`` for reference."""
+    thread count, on one thread, into shared memory), torch's ``copy_`` for reference, and the
+    client's fused copy and checksum (its path, and the Python fallback) without the tiers."""
     to_out = [(flat_bytes(o), flat_bytes(b)) for o, b in zip(out, blocks, strict=True)]
     to_shm = [(flat_bytes(s), flat_bytes(b)) for s, b in zip(shm, blocks, strict=True)]
     return {
@@ -120,6 +123,8 @@ def copy_passes(
         "memcpy_1thread": lambda _: list(map(lambda pair: host_copy(*pair), to_out)),
         "memcpy_to_shm": lambda _: list(pool.map(lambda pair: host_copy(*pair), to_shm)),
         "torch_copy": lambda _: list(pool.map(lambda pair: pair[0].copy_(pair[1]), to_out)),
+        "copy_hash": lambda _: copy_hashing_all(pool, to_out),
+        "copy_hash_python": lambda _: list(pool.map(lambda pair: copy_hashing_python(*pair), to_out)),
     }
 
 

@@ -1,6 +1,6 @@
 """Block copies with their checksums taken along: the fused copy-and-hash equals a plain copy
-followed by the slot's checksum, whatever the block's size against the chunk size, and bad
-pairs are refused before any raw copy."""
+followed by the slot's checksum, whatever the block's size against the chunk size, on the
+compiled path and on the Python fallback alike, and bad pairs are refused before any raw copy."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from strata.worker.kvtier import blockcopy, native
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.blockcopy import (
     CHUNK_BYTES,
+    NATIVE_CHUNK_BYTES,
     copy_blocks,
     copy_hashing,
     flat_bytes,
@@ -24,8 +26,21 @@ def random_bytes(count: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 256, (count,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("size", [1, 4096, CHUNK_BYTES, CHUNK_BYTES + 1, 3 * CHUNK_BYTES - 7])
-def test_copy_hashing_copies_and_hashes_what_it_copied(size):
+@pytest.fixture(params=["native", "python"])
+def path(request, monkeypatch):
+    """Each test on both paths: the compiled routine (where a compiler is) and the fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(blockcopy, "copyhash", lambda: None)
+    elif native.copyhash() is None:
+        pytest.skip("no compiled routine here")
+    return request.param
+
+
+SIZES = [1, 4096, NATIVE_CHUNK_BYTES + 1, CHUNK_BYTES, CHUNK_BYTES + 1, 3 * CHUNK_BYTES - 7]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_copy_hashing_copies_and_hashes_what_it_copied(path, size):
     src, dst = random_bytes(size), torch.zeros(size, dtype=torch.uint8)
     crc = copy_hashing(dst, src)
     assert torch.equal(dst, src)
@@ -48,18 +63,21 @@ def test_host_copy_of_a_block_tensor_is_bit_exact():
         (torch.zeros(16, dtype=torch.uint8)[::2], torch.zeros(8, dtype=torch.uint8), "contiguous"),
     ],
 )
-def test_bad_pairs_are_refused_before_copying(dst, src, message):
+def test_bad_pairs_are_refused_before_copying(path, dst, src, message):
     with pytest.raises(ValueError, match=message):
         copy_hashing(dst, src)
     with pytest.raises(ValueError, match=message):
         host_copy(dst, src)
+    with ThreadPoolExecutor(2) as pool, pytest.raises(ValueError, match=message):
+        save_blocks(pool, [(torch.zeros(8, dtype=torch.uint8),) * 2, (dst, src)], [None, None], False)
 
 
-def test_batches_return_each_blocks_checksum():
-    sources = [random_bytes(CHUNK_BYTES + 100, seed) for seed in range(6)]
+@pytest.mark.parametrize("count", [1, 6])
+def test_batches_return_each_blocks_checksum_in_order(path, count):
+    sources = [random_bytes(CHUNK_BYTES + 100 * seed, seed) for seed in range(count)]
     slots = [torch.zeros_like(s) for s in sources]
     with ThreadPoolExecutor(4) as pool:
-        saved = save_blocks(pool, list(zip(slots, sources, strict=True)), [None] * 6, page_locked=False)
+        saved = save_blocks(pool, list(zip(slots, sources, strict=True)), [None] * count, page_locked=False)
         out = [torch.zeros_like(s) for s in sources]
         views = [s.numpy().data for s in slots]
         loaded = copy_blocks(pool, list(zip(out, slots, strict=True)), views, page_locked=False)

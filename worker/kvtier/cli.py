@@ -1,4 +1,5 @@
-"""``strata kvtier``: run the KV-tier sidecar (``serve --config PATH``)."""
+"""``strata kvtier``: run the KV-tier sidecar (``serve --config PATH``); build its compiled
+copy-and-checksum routine ahead of first use (``build-native``)."""
 
 from __future__ import annotations
 
@@ -38,11 +39,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--host", default="0.0.0.0", help="address of /metrics and /health (a pod passes its pod IP)"
     )
     serve.add_argument("--log-level", default="INFO")
+    sub.add_parser(
+        "build-native", help="compile the block copies' copy-and-checksum routine into the cache now"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.command == "build-native":
+        return build_native()
     logs.setup(args.log_level)
     try:
         config = WorkerConfig.load(args.config)
@@ -80,6 +86,21 @@ def main(argv: list[str]) -> int:
         config.server.drain_timeout_s + DRAIN_CUTOFF_S,
         lambda: len(received) > 1,
     )
+    return 0
+
+
+def build_native() -> int:
+    """Build (or find) the library and load it once; 1 where block copies would fall back."""
+    from strata.worker.kvtier import native
+
+    logs.setup("INFO")
+    routine = native.copyhash()
+    if routine is None:
+        print(
+            "strata kvtier: no compiled copy-and-checksum; block copies take the Python path", file=sys.stderr
+        )
+        return 1
+    print(routine.path)
     return 0
 
 

@@ -27,7 +27,7 @@ from strata.worker.config import WorkerConfig
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.arena import SlotArena
-from strata.worker.kvtier.blockcopy import copy_blocks, flat_bytes, save_blocks
+from strata.worker.kvtier.blockcopy import COPY_THREADS, copy_blocks, flat_bytes, save_blocks
 from strata.worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class TierClient:
         self._max_batch = 1
         self._down = False
         # Copies and checksums of a batch in parallel: torch and xxhash release the GIL.
-        self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvtier-client")
+        self._pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="kvtier-client")
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self._outstanding: deque[str] = deque()  # ops sent whose replies are still to be read
         self._stored = 0  # blocks the puts of the current save stored, by their replies
