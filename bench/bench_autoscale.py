@@ -120,7 +120,14 @@ def tasks() -> list[Task]:
         builtin = functools.partial(policy_run, spec, "builtin", Knobs())
         out.append(Task(f"startup/{startup:.0f}", builtin, builtin=True))
     # Last and alone: a real worker, timed against the wall clock, beside no simulation of ours.
-    out.append(Task("reality", reality, after=tuple(t.key for t in out), hashed=("bench/sim_reality.py",)))
+    out.append(
+        Task(
+            "reality",
+            reality,
+            after=tuple(t.key for t in out),
+            hashed=("bench/sim_reality.py", "bench/reality_worker.py", "bench/reality_pods.py"),
+        )
+    )
     return out
 
 

@@ -55,7 +55,8 @@ def fit(decodes: Sequence[Decode], prefills: Sequence[Prefill], chunk: int) -> S
     rows = [[1.0, float(p.tokens), _pairs(c)] for p, c in zip(prefills, steps, strict=True)]
     request, per_token, per_pair = non_negative(rows, rest)
     if per_token <= 0:
-        raise ValueError("calibration: the prefill measurements give no cost per token (noise, not timings)")
+        timings = ", ".join(f"{p.tokens} tokens {p.seconds * 1000:.1f} ms" for p in prefills)
+        raise ValueError(f"calibration: the prefill timings give no cost per token (noise?): {timings}")
     return StepCosts(overhead, max(0.0, per_seq), max(0.0, per_ctx), per_token, per_pair, request)
 
 
