@@ -126,6 +126,36 @@ def test_corrupt_dram_block_is_dropped_not_served(root, start_sidecar):
     assert sidecar.metrics.corrupt_blocks.labels("dram")._value.get() == 1
 
 
+@pytest.mark.parametrize("verify_reads", [True, False])
+def test_torn_nvme_block_is_never_served_through_staging(root, start_sidecar, verify_reads):
+    """DRAM off: NVMe blocks come up through staging slots. A client that checks its reads
+    checks them along its copy out (the sidecar does not hash them first) and reports the torn
+    one; with ``verify_reads: false`` the sidecar checks them. Either way the load ends before
+    the torn block, which is dropped from NVMe."""
+    config = worker_config(root, dram={"capacity_bytes": 0, "verify_reads": verify_reads})
+    sidecar = start_sidecar(config.kvtier)
+    client = client_for(root)
+    refs = chain("default", list(range(16 * 6)))
+    hashes = [r.hash for r in refs]
+    data = blocks_for(refs, torch.float32, seed=2)
+    assert client.save_checked(refs, data) == 6
+    nvme = sidecar.service.nvme
+    assert nvme is not None
+    entry = nvme.index.get(hashes[2])
+    assert entry is not None
+    with open(nvme.store.directory / "blocks.dat", "r+b") as disk:  # torn on disk, no record
+        disk.seek(entry.slot * nvme.store.slot_bytes + 100)
+        disk.write(b"\xff" * 8)
+    out = [torch.zeros(SHAPE) for _ in refs]
+    assert client.load(hashes, out) == 2
+    assert all(torch.equal(o, d) for o, d in zip(out[:2], data[:2], strict=True))
+    assert client.corrupt_blocks == (1 if verify_reads else 0)  # who caught it
+    assert sidecar.metrics.corrupt_blocks.labels("nvme")._value.get() == 1
+    assert client.lookup(hashes) == ["nvme"] * 2  # the torn block is gone from the index
+    assert client.load(hashes[3:], out[3:]) == 3  # those after it still come back whole
+    assert all(torch.equal(o, d) for o, d in zip(out[3:], data[3:], strict=True))
+
+
 def test_saves_into_dram_carry_their_checksums(root, start_sidecar):
     """The client hashes along its copy, so a block read right after its save is checked: the
     sidecar's sealer (a second pass over the slot) has nothing left to do."""

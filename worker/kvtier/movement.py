@@ -1,10 +1,12 @@
 """How blocks move between the tiers: promotion into DRAM on a lower-tier hit (where DRAM
 admission lets them in), DRAM eviction (write-back: demotion, synchronous here when a request
 needs room at once, else by the background demoter), NVMe admission, and the checksum check on
-every read from a lower tier. Writing blocks down is ``writedown``'s job.
+every read from a lower tier: here, or, for NVMe blocks read only into staging slots for a
+client that checks its reads (``dram.verify_reads``), by that client along its copy out (see
+``client_checks``). Writing blocks down is ``writedown``'s job.
 
 Not thread-safe: the service calls it under its lock. The bytes of a batch move on the NVMe
-store's I/O threads, each block hashed right after its read.
+store's I/O threads, each block hashed right after its read where it is checked here.
 """
 
 from __future__ import annotations
@@ -102,34 +104,46 @@ class Mover:
             dram.give_back(slot)
         return slots
 
+    def client_checks(self, slots: Sequence[int]) -> bool:
+        """Whether blocks read into ``slots`` are left for the reading client to check: only
+        staging slots (nothing but that client reads them; a DRAM slot's block must be sound
+        before anyone else is served it) and only when clients check (``dram.verify_reads``).
+        It checks along the copy it makes anyway, so the block is not read a second time here."""
+        return self.config.dram.verify_reads and all(self.dram.is_staging(s) for s in slots)
+
     def _read_nvme(self, keys: Sequence[bytes], slots: Sequence[int]) -> list[Entry]:
-        """Read blocks into ``slots`` in parallel and verify them; the leading intact ones."""
+        """Read blocks into ``slots`` in parallel and verify them (or leave that to the client:
+        ``client_checks``); the leading intact ones."""
         assert self.nvme is not None
         dram = self.dram
-        stored = [self.nvme.index.get(k) for k in keys]
-        bufs = [dram.slot(s) for s in slots]
+        stored = [self.nvme.index.get(k) for k in keys]  # all there: the run came from the index
+        requests = [(e.slot, dram.slot(s)) for e, s in zip(stored, slots, strict=True) if e]
         started = time.perf_counter()
         try:
-            sums = self.nvme.store.read([(e.slot, b) for e, b in zip(stored, bufs, strict=True) if e])
+            if self.client_checks(slots):  # a whole read passes here; the client checks the bytes
+                whole = self.nvme.store.read_unhashed(requests)
+                sums = [e.checksum if e and ok else None for e, ok in zip(stored, whole, strict=True)]
+            else:
+                sums = self.nvme.store.read(requests)
         except OSError as err:
             log.warning("nvme: read failed: %s", err)
             self.metrics.errors.labels("nvme").inc()
             return []
         self.metrics.read_seconds.labels("nvme").observe(time.perf_counter() - started)
-        self.metrics.read_bytes.labels("nvme").inc(len(bufs) * self.block_bytes)
+        self.metrics.read_bytes.labels("nvme").inc(len(requests) * self.block_bytes)
         now = time.time()
         entries: list[Entry] = []
         for key, entry, crc, slot in zip(keys, stored, sums, slots, strict=True):
             assert entry is not None
             if crc != entry.checksum:
-                self._drop_corrupt_nvme(key)
+                self.drop_corrupt_nvme(key)
                 break
             self.nvme.index.record_hit(key, entry.parent)
             self.nvme.index.touch(key, now)
             entries.append(Entry(entry.parent, entry.priority, False, now, slot, entry.checksum))
         return entries
 
-    def _drop_corrupt_nvme(self, key: bytes) -> None:
+    def drop_corrupt_nvme(self, key: bytes) -> None:
         assert self.nvme is not None
         log.warning("nvme: block %s failed its checksum; dropped", key.hex())
         self.metrics.corrupt_blocks.labels("nvme").inc()

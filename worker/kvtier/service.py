@@ -1,8 +1,9 @@
 """The sidecar's block service: lookup, get, reserve/put, prefetch, pin, across the tiers.
 
 It owns the tiers, the connections' leases and reservations, pins and retention; how blocks
-move between tiers is ``movement``'s job. A block is served only after its checksum matched,
-and a block that fails is dropped from its tier and counted. One lock serialises index changes;
+move between tiers is ``movement``'s job. A block is served only after its checksum matched
+(here, or by the reading client along its copy out), and a block that fails is dropped from
+its tier and counted. One lock serialises index changes;
 the bytes of a batch move on the NVMe store's I/O threads.
 """
 
@@ -224,9 +225,12 @@ class KVTierService:
 
     def _to_verify(self, entry: Entry, fresh: bool) -> int | None:
         """The checksum the client checks its copy against; None when there is nothing to check:
-        verified here while read from a lower tier just now, not sealed yet, or DRAM reads are
-        not verified (``dram.verify_reads``)."""
-        return None if fresh or not self.config.dram.verify_reads else entry.checksum
+        read from a lower tier into a DRAM slot just now (verified here), not sealed yet, or
+        DRAM reads are not verified (``dram.verify_reads``). A block read into a staging slot
+        is the client's to check (``Mover.client_checks``)."""
+        if fresh and not self._require().client_checks([entry.slot]):
+            return None
+        return entry.checksum if self.config.dram.verify_reads else None
 
     def _write_through_admitted(self, keys: list[bytes]) -> None:
         """Write-through with NVMe admission: a block refused at its first put is written down
@@ -350,7 +354,8 @@ class KVTierService:
             owner.reserved.clear()
 
     def report_corrupt(self, keys: Sequence[bytes]) -> None:
-        """The client found these DRAM blocks failing their checksum: drop them."""
+        """The client found these blocks failing their checksum: drop them from DRAM, or from
+        NVMe where the client read them through a staging slot (it checks those)."""
         with self._lock:
             mover = self._require()
             for key in keys:
@@ -358,6 +363,8 @@ class KVTierService:
                     entry = mover.dram.index.remove(key)
                     mover.dram.give_back(entry.slot)
                     self.metrics.corrupt_blocks.labels("dram").inc()
+                elif mover.nvme is not None and key in mover.nvme.index:
+                    mover.drop_corrupt_nvme(key)
             mover.publish_usage()
 
     # ---- hints ----
