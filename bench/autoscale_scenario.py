@@ -35,6 +35,9 @@ PREMIUM_VARIANTS: dict[str, dict[str, Any]] = {
     "target 0.15": {"targetPrefillUtilization": 0.15},
     "target 0.25": {"targetPrefillUtilization": 0.25},
     "target 0.3": {"targetPrefillUtilization": 0.3},
+    # Cheaper still: where the built-in autoscaler meets kv_threshold's and the planner's cost.
+    "target 0.4": {"targetPrefillUtilization": 0.4},
+    "target 0.6": {"targetPrefillUtilization": 0.6},
     "windows 0/600 s": {"scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSeconds": 600},
     "scale-down window 300 s": {"scaleDownStabilizationSeconds": 300},
     "scale-down window 120 s": {"scaleDownStabilizationSeconds": 120},
