@@ -29,6 +29,8 @@ from strata.operator.settings import OperatorSettings
 from strata.operator.views import IndexViews
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+DELETED = "deleted"  # the marker of a child whose watch showed it deleted
+ChildKey = tuple[str, str, str]  # (kind, namespace, name)
 
 
 @dataclass
@@ -38,18 +40,15 @@ class Applier:
     metrics: OperatorMetrics
     events: EventSink
     views: IndexViews = field(default_factory=IndexViews)
-    # (kind, namespace, name) -> generation (or resourceVersion) our last apply left behind:
-    # a different value on the next apply means that apply changed the object.
-    seen: dict[tuple[str, str, str], str] = field(default_factory=dict)
-    # Content hash of the manifest last applied, and the marker the watch last showed, per child.
-    digests: dict[tuple[str, str, str], str] = field(default_factory=dict)
-    observed: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # What this process last applied and saw of each child: one small record per child, since
+    # a fleet has ten children per service (a dict per field cost twice the memory).
+    children: dict[ChildKey, ChildState] = field(default_factory=dict)
     # Tier name -> (uid, priority) of the PriorityClass applied by this process; a PriorityClass
     # edited or deleted by someone else is re-applied from its watch, which refreshes this.
     priority_classes: dict[str, tuple[str, int]] = field(default_factory=dict)
     # Children whose apply has been sent and not yet answered: under load the watch event of our
     # own write often arrives before the answer, and would look like someone else's change.
-    in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = field(default_factory=dict)
+    in_flight: dict[ChildKey, asyncio.Future[None]] = field(default_factory=dict)
 
     async def apply_service(
         self, plan: ServicePlan, owner: Mapping[str, Any], tier: Mapping[str, Any]
@@ -93,27 +92,27 @@ class Applier:
         a full server-side-apply merge. Anything else is applied."""
         key = _key(manifest)
         digest = content_hash(manifest)
-        unchanged = key in self.seen and self.observed.get(key, self.seen[key]) == self.seen[key]
-        if unchanged and self.digests.get(key) == digest:
+        known = self.children.get(key)
+        if known is not None and known.observed == known.applied and known.digest == digest:
             self.metrics.applied.labels(kind=key[0], outcome="skipped").inc()
             return None
         obj = await self.apply(manifest, written)
-        self.digests[key] = digest
+        self.children[key].digest = digest
         return obj
 
     def knows(self, kind: str, meta: Mapping[str, Any]) -> bool:
-        return (kind, meta.get("namespace", ""), meta.get("name", "")) in self.seen
+        return _child_key(kind, meta) in self.children
 
     def observe(self, kind: str, meta: Mapping[str, Any], deleted: bool) -> None:
         """Record what a watch event showed of a child, for :meth:`apply_if_changed`."""
-        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
-        if key in self.seen:
-            self.observed[key] = "deleted" if deleted else _marker(meta)
+        known = self.children.get(_child_key(kind, meta))
+        if known is not None:
+            known.observed = DELETED if deleted else _marker(meta)
 
     async def settled(self, kind: str, meta: Mapping[str, Any]) -> None:
         """Wait until no apply of this child is on its way: then :meth:`is_own_write` can tell
         the echo of our own write from a change by someone else."""
-        pending = self.in_flight.get((kind, meta.get("namespace", ""), meta.get("name", "")))
+        pending = self.in_flight.get(_child_key(kind, meta))
         if pending is not None:
             await asyncio.shield(pending)
 
@@ -126,18 +125,17 @@ class Applier:
             if self.in_flight.get(sent) is answered:
                 del self.in_flight[sent]
             answered.set_result(None)
-        kind, meta = manifest["kind"], obj.get("metadata", {})
-        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
-        marker = _marker(meta)
-        before = self.seen.get(key)
-        self.seen[key] = self.observed[key] = marker
+        kind, marker = manifest["kind"], _marker(obj.get("metadata", {}))
+        before = self.children.get(sent)
+        service = manifest["metadata"].get("labels", {}).get(names.LABEL_SERVICE, "")
+        self.children[sent] = ChildState(marker, marker, before.digest if before else "", service)
         if created:
             outcome = "created"
-        elif before is not None and before != marker:
+        elif before is not None and before.applied != marker:
             outcome = "updated"
         else:
             outcome = "unchanged"
-        written.record(outcome, f"{kind} {key[2]}")
+        written.record(outcome, f"{kind} {sent[2]}")
         self.metrics.applied.labels(kind=kind, outcome=outcome).inc()
         return obj
 
@@ -212,18 +210,26 @@ class Applier:
     def is_own_write(self, kind: str, meta: Mapping[str, Any]) -> bool:
         """The child is exactly as this process's last apply left it (spec-wise): its watch
         event is the echo of our own write, with nothing to repair."""
-        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
-        return self.seen.get(key) == _marker(meta)
+        known = self.children.get(_child_key(kind, meta))
+        return known is not None and known.applied == _marker(meta)
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop what this process remembers of a deleted service."""
+        """Drop what this process remembers of a deleted service's children."""
+        self.children = {
+            k: v for k, v in self.children.items() if not (k[1] == namespace and v.service == name)
+        }
 
-        def keep(key: tuple[str, str, str]) -> bool:
-            return not (key[1] == namespace and key[2].startswith(name))
 
-        self.seen = {k: v for k, v in self.seen.items() if keep(k)}
-        self.digests = {k: v for k, v in self.digests.items() if keep(k)}
-        self.observed = {k: v for k, v in self.observed.items() if keep(k)}
+@dataclass(slots=True)
+class ChildState:
+    """One child as this process last applied it and as its watch last showed it."""
+
+    # generation (or resourceVersion) our last apply left behind: a different value on the
+    # next apply means that apply changed the object
+    applied: str
+    observed: str  # the same marker as the watch last showed it; DELETED once it is gone
+    digest: str  # content hash of the manifest last applied
+    service: str  # the owning service's name (its label), for forget()
 
 
 @dataclass
@@ -246,9 +252,13 @@ class Written:
             events(target, "Normal", "Updated", "re-applied " + ", ".join(sorted(self.updated)) + ": changed")
 
 
-def _key(manifest: Mapping[str, Any]) -> tuple[str, str, str]:
+def _key(manifest: Mapping[str, Any]) -> ChildKey:
     meta = manifest["metadata"]
     return (manifest["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def _child_key(kind: str, meta: Mapping[str, Any]) -> ChildKey:
+    return (kind, meta.get("namespace", ""), meta.get("name", ""))
 
 
 def _marker(meta: Mapping[str, Any]) -> str:

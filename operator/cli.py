@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig  # read by kopf's login and by our client alike
     import kopf
 
-    from strata.operator import handlers  # noqa: F401  (registers the handlers)
+    from strata.operator import handlers  # registers the handlers
 
     fmt = kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN
     kopf.configure(verbose=args.verbose, log_format=fmt)
@@ -113,5 +113,6 @@ def main(argv: list[str]) -> int:
         peering_name=None if args.standalone else args.peering,
         liveness_endpoint=args.liveness or None,
         memo=kopf.Memo(strata_settings=settings),
+        memories=handlers.EventMemories(),
     )
     return 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 
 from strata.operator import names
 from strata.operator.autoscale.loop import Autoscaler, Peering
@@ -141,6 +142,25 @@ class NoEssence(kopf.AnnotationsDiffBaseStorage):
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return kopf.BodyEssence()
+
+
+class EventMemories(ResourceMemories):
+    """kopf keeps a memory of every object it has seen (about 1 KB: a copy of the memo, an error
+    throttler, daemon and indexing state), some 14 per service with its children and pods. This
+    operator has no daemons, timers, patches or create/update handlers that would read one back,
+    and its index functions do not fail, so each event gets a fresh memory that is not kept."""
+
+    async def recall(
+        self,
+        raw_body: kopf.RawBody,
+        *,
+        memobase: Any = None,
+        noticed_by_listing: bool = False,
+        ephemeral: bool = False,
+    ) -> ResourceMemory:
+        return await super().recall(
+            raw_body, memobase=memobase, noticed_by_listing=noticed_by_listing, ephemeral=True
+        )
 
 
 def _labelled(resource: kopf.Resource) -> bool:

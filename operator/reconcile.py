@@ -46,6 +46,8 @@ class StatusMemory:
         seen = _version(cached)
         if mine is not None and (seen is None or mine[0] > seen):
             return mine[1]
+        if mine is not None:  # the cache has caught up: our copy (a few KB) is not needed any more
+            del self.written[key]
         return cached.get("status") or {}
 
     def remember(self, key: Hashable, written: Mapping[str, Any]) -> None:

@@ -333,3 +333,20 @@ async def test_the_watch_echo_of_an_apply_still_in_flight_is_known_as_our_own_wr
     assert applier.is_own_write("ConfigMap", echo)
     await applying
     await applier.settled("ConfigMap", echo)  # nothing in flight: returns at once
+
+
+async def test_forgetting_a_service_forgets_its_children_only():
+    """Another service whose name starts with the same letters keeps its records, so its
+    unchanged children are still not re-applied."""
+    kube, _, reconciler = setup()
+    kube.put(isvc_body(name="chat-b"))
+    tiers(reconciler, "standard")
+    await reconciler.reconcile_service(("team-a", "chat"))
+    await reconciler.reconcile_service(("team-a", "chat-b"))
+    applier = reconciler.applier
+    applier.forget("team-a", "chat")
+    assert not applier.knows("ConfigMap", {"namespace": "team-a", "name": "chat-config"})
+    assert applier.knows("ConfigMap", {"namespace": "team-a", "name": "chat-b-config"})
+    skipped = applier.metrics.applied.labels(kind="ConfigMap", outcome="skipped")._value.get()
+    await reconciler.reconcile_service(("team-a", "chat-b"))
+    assert applier.metrics.applied.labels(kind="ConfigMap", outcome="skipped")._value.get() == skipped + 1
