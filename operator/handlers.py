@@ -6,8 +6,9 @@ annotations, so the operator can be killed at any moment and deleting a service 
 for it (owner references do the garbage collection). What the reconciles and the autoscaler
 read comes from kopf indices of these same watches (strata.operator.views), and the watches of
 children, pods and PriorityClasses ask the API server only for objects labelled as managed by
-this operator. Run with ``strata operator`` or
-``kopf run -m strata.operator.handlers --all-namespaces``."""
+this operator. The index functions are coroutines: kopf runs plain functions in a thread pool,
+a hand-off per watch event, and what they keep then comes from that thread's malloc arena.
+Run with ``strata operator`` or ``kopf run -m strata.operator.handlers --all-namespaces``."""
 
 from __future__ import annotations
 
@@ -187,34 +188,42 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index(names.GROUP, names.VERSION, names.TIER_PLURAL)
-def tier_bodies(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+async def tier_bodies(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
     return {name: snapshot(body)}
 
 
 @kopf.index(names.GROUP, names.VERSION, names.ISVC_PLURAL)
-def service_bodies(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[ServiceKey, Any]:
+async def service_bodies(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[ServiceKey, Any]:
     return {(namespace or "", name): snapshot(body)}
 
 
 @kopf.index(names.GROUP, names.VERSION, names.ISVC_PLURAL)
-def services_by_tier(*, namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[str, ServiceKey]:
+async def services_by_tier(
+    *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[str, ServiceKey]:
     return {str(spec.get("tier", "standard")): (namespace or "", name)}
 
 
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
-def deployments_by_service(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+async def deployments_by_service(
+    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
     key = owning_service(labels, namespace)
     return {key: workload_snapshot(body)} if key else None
 
 
 @kopf.index("apps", "v1", "statefulsets", labels=MANAGED)
-def statefulsets_by_service(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+async def statefulsets_by_service(
+    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
     key = owning_service(labels, namespace)
     return {key: workload_snapshot(body)} if key else None
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
-def ready_pods_by_service(
+async def ready_pods_by_service(
     *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[ServiceKey, PodRef] | None:
     key, pod = owning_service(labels, namespace), ready_pod(body)
@@ -222,7 +231,7 @@ def ready_pods_by_service(
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
-def ready_routers_by_service(
+async def ready_routers_by_service(
     *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[ServiceKey, PodRef] | None:
     """The routers' pods, whose held requests wake a service at zero (autoscale/wake.py)."""
