@@ -5,7 +5,7 @@ collect them in a list."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -27,6 +27,19 @@ class RecordedEvents:
 
     def reasons(self) -> list[str]:
         return [reason for _, _, reason, _ in self.events]
+
+
+@dataclass
+class CountedSink:
+    """An EventSink that counts each Event by type and reason (the operator's metrics) and passes
+    it on: kopf posts Events with a client of its own, which the operator's client never sees."""
+
+    sink: EventSink
+    count: Callable[[str, str], None]
+
+    def __call__(self, obj: Mapping[str, Any], type_: EventType, reason: str, message: str) -> None:
+        self.count(type_, reason)
+        self.sink(obj, type_, reason, message)
 
 
 def kopf_sink(obj: Mapping[str, Any], type_: EventType, reason: str, message: str) -> None:

@@ -30,6 +30,7 @@ from strata.operator.views import (
     PodRef,
     ServiceKey,
     owning_service,
+    pod_owner,
     ready_pod,
     snapshot,
     workload_snapshot,
@@ -110,7 +111,7 @@ def start_autoscaler(memo: kopf.Memo) -> None:
         return
     slot.autoscaler = Autoscaler(
         kube=runtime.reconciler.applier.kube,
-        events=kopf_sink,
+        events=runtime.events,
         services=lambda: _managed(runtime),
         views=runtime.views,
         peering=slot.peering,
@@ -226,16 +227,10 @@ async def statefulsets_by_service(
 async def ready_pods_by_service(
     *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[ServiceKey, PodRef] | None:
-    key, pod = owning_service(labels, namespace), ready_pod(body)
-    return {key: pod} if key and pod else None
-
-
-@kopf.index("", "v1", "pods", labels=MANAGED)
-async def ready_routers_by_service(
-    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[ServiceKey, PodRef] | None:
-    """The routers' pods, whose held requests wake a service at zero (autoscale/wake.py)."""
-    key, pod = owning_service(labels, namespace, names.ROUTER_APP), ready_pod(body)
+    """A service's Ready worker and router pods (the routers' held requests wake a service at
+    zero: autoscale/wake.py), told apart by PodRef.app. One index for both: kopf keeps an entry
+    for every pod in every index of pods, whether the function returned a value for it or not."""
+    key, pod = pod_owner(labels, namespace), ready_pod(body)
     return {key: pod} if key and pod else None
 
 
@@ -249,7 +244,7 @@ def _runtime(memo: Any, indices: dict[str, Any]) -> Runtime:
             workloads=(indices["deployments_by_service"], indices["statefulsets_by_service"]),
             pods=indices["ready_pods_by_service"],
             services_by_tier=indices["services_by_tier"],
-            routers=indices["ready_routers_by_service"],
+            routers=indices["ready_pods_by_service"],
         )
     return runtime
 

@@ -42,6 +42,12 @@ class OperatorMetrics:
         self.managed = Gauge(
             "strata_operator_managed_services", "InferenceServices being managed.", registry=r
         )
+        self.events = Counter(
+            "strata_operator_events",
+            "Kubernetes Events the operator emitted (each a write to the API server), by type and reason.",
+            ["type", "reason"],
+            registry=r,
+        )
         self.applied = Counter(
             "strata_operator_children_applied",
             "Child objects written with server-side apply, by kind and outcome.",
@@ -96,6 +102,9 @@ class OperatorMetrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
+
+    def event(self, type_: str, reason: str) -> None:
+        self.events.labels(type=type_, reason=reason).inc()
 
     # ApiObserver (strata.operator.kube): the client reports each request here.
     def request(self, verb: str, resource: str, code: str, seconds: float) -> None:

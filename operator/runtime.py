@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from strata.operator.autoscale.telemetry import Telemetry
 from strata.operator.children import Applier
-from strata.operator.events import EventSink
+from strata.operator.events import CountedSink, EventSink
 from strata.operator.kube import KubeClient
 from strata.operator.metrics import OperatorMetrics
 from strata.operator.reconcile import Reconciler, TierReconciler
@@ -38,9 +38,13 @@ class Runtime:
         kube.observer = metrics
         telemetry = Telemetry()
         metrics.registry.register(telemetry)
-        applier = Applier(kube, settings, metrics, events, IndexViews())
+        applier = Applier(kube, settings, metrics, CountedSink(events, metrics.event), IndexViews())
         runner = KeyedRunner(workers=settings.reconcile_workers, on_wait=metrics.queue_wait.observe)
         return cls(Reconciler(applier), TierReconciler(applier), runner, KeyedRunner(), metrics, telemetry)
+
+    @property
+    def events(self) -> EventSink:
+        return self.reconciler.applier.events
 
     @property
     def views(self) -> IndexViews:

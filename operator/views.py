@@ -22,6 +22,7 @@ BODY_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 WORKLOAD_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "ownerReferences")
 WORKLOAD_SPEC = ("replicas",)
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # a second copy of the spec
+POD_APPS = (names.WORKER_APP, names.ROUTER_APP)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class PodRef:
     uid: str
     name: str
     ip: str
+    app: str = names.WORKER_APP  # or names.ROUTER_APP: one index holds both (handlers.py)
 
 
 @dataclass
@@ -74,10 +76,10 @@ class IndexViews:
         return None
 
     def ready_pods(self, key: ServiceKey) -> list[PodRef]:
-        return list(self.pods.get(key, ()))
+        return [p for p in self.pods.get(key, ()) if p.app == names.WORKER_APP]
 
     def ready_routers(self, key: ServiceKey) -> list[PodRef]:
-        return list(self.routers.get(key, ()))
+        return [p for p in self.routers.get(key, ()) if p.app == names.ROUTER_APP]
 
     def tier_services(self, name: str) -> int:
         return len(list(self.services_by_tier.get(name, ())))
@@ -120,6 +122,12 @@ def owning_service(
     return (namespace, service) if service and namespace else None
 
 
+def pod_owner(labels: Mapping[str, str], namespace: str | None) -> ServiceKey | None:
+    """The service a worker or router pod belongs to."""
+    app = labels.get(names.LABEL_NAME, names.WORKER_APP)
+    return owning_service(labels, namespace, app) if app in POD_APPS else None
+
+
 def ready_pod(body: Mapping[str, Any]) -> PodRef | None:
     """The pod as a PodRef when it is ready and not going away, else None."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
@@ -128,4 +136,5 @@ def ready_pod(body: Mapping[str, Any]) -> PodRef | None:
     conditions = status.get("conditions") or []
     if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
         return None
-    return PodRef(str(meta.get("uid", "")), str(meta.get("name", "")), str(status["podIP"]))
+    app = (meta.get("labels") or {}).get(names.LABEL_NAME, names.WORKER_APP)
+    return PodRef(str(meta.get("uid", "")), str(meta.get("name", "")), str(status["podIP"]), app)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from strata.operator import names
 from strata.operator.autoscale import wake
 from strata.operator.autoscale.decide import Policy
 from strata.operator.autoscale.loop import Autoscaler, Peering
@@ -66,7 +67,7 @@ class ZeroKube(KubeClient):
         self.views = IndexViews(
             services={("ns", "chat"): [self.isvc]},
             tiers={"t": [{"spec": {}}]},
-            routers={("ns", "chat"): [PodRef("r1", "chat-router-x", router_ip)]},
+            routers={("ns", "chat"): [PodRef("r1", "chat-router-x", router_ip, names.ROUTER_APP)]},
         )
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:

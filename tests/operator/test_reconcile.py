@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from strata.operator.children import Applier, Written
-from strata.operator.events import RecordedEvents
+from strata.operator.events import CountedSink, RecordedEvents
 from strata.operator.kube import KubeError
 from strata.operator.metrics import OperatorMetrics
 from strata.operator.reconcile import Reconciler, TierReconciler
@@ -350,3 +350,11 @@ async def test_forgetting_a_service_forgets_its_children_only():
     skipped = applier.metrics.applied.labels(kind="ConfigMap", outcome="skipped")._value.get()
     await reconciler.reconcile_service(("team-a", "chat-b"))
     assert applier.metrics.applied.labels(kind="ConfigMap", outcome="skipped")._value.get() == skipped + 1
+
+
+def test_every_event_is_counted_by_type_and_reason_and_passed_on():
+    recorded, metrics = RecordedEvents(), OperatorMetrics()
+    sink = CountedSink(recorded, metrics.event)
+    sink({"metadata": {"name": "chat"}}, "Normal", "Ready", "1 of minimum 1 replicas ready")
+    assert recorded.reasons() == ["Ready"]
+    assert metrics.events.labels(type="Normal", reason="Ready")._value.get() == 1

@@ -10,6 +10,7 @@ from strata.operator.views import (
     IndexViews,
     PodRef,
     owning_service,
+    pod_owner,
     ready_pod,
     snapshot,
     workload_snapshot,
@@ -18,7 +19,7 @@ from strata.operator.views import (
 READY = [{"type": "Ready", "status": "True"}]
 
 
-def pod(ip: str = "127.64.0.1", conditions=READY, **meta: str) -> dict[str, Any]:
+def pod(ip: str = "127.64.0.1", conditions=READY, **meta: Any) -> dict[str, Any]:
     return {"metadata": {"name": "p", "uid": "u", **meta}, "status": {"podIP": ip, "conditions": conditions}}
 
 
@@ -27,6 +28,19 @@ def test_only_ready_pods_with_an_ip_that_are_not_going_away_are_kept() -> None:
     assert ready_pod(pod(conditions=[{"type": "Ready", "status": "False"}])) is None
     assert ready_pod(pod(ip="")) is None
     assert ready_pod(pod(deletionTimestamp="2026-01-01T00:00:00Z")) is None
+
+
+def test_worker_and_router_pods_share_one_index_and_are_told_apart_by_app() -> None:
+    worker, router = {"app.kubernetes.io/name": "strata-worker"}, {"app.kubernetes.io/name": "strata-router"}
+    labels = {"strata.dev/inferenceservice": "chat"}
+    assert pod_owner({**labels, **router}, "a") == pod_owner({**labels, **worker}, "a") == ("a", "chat")
+    assert pod_owner({**labels, "app.kubernetes.io/name": "other"}, "a") is None
+    ref = ready_pod(pod(labels={**labels, **router}))
+    assert ref is not None and ref.app == "strata-router"
+    views = IndexViews(pods={("a", "chat"): [PodRef("u", "p", "127.64.0.1"), ref]})
+    views.routers = views.pods
+    assert views.ready_pods(("a", "chat")) == [PodRef("u", "p", "127.64.0.1")]
+    assert views.ready_routers(("a", "chat")) == [ref]
 
 
 def test_children_are_keyed_by_the_service_label_in_their_namespace() -> None:
