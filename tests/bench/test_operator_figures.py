@@ -4,7 +4,7 @@ two scrapes), a service counted only once both its Deployments exist, and a smal
 from __future__ import annotations
 
 from bench import fleet
-from bench.bench_operator import Scale, _every_deployment
+from bench.bench_operator import Scale, _every_deployment, requests_by_kind
 
 TEXT = """# HELP x_seconds ...
 x_seconds_bucket{le="0.1"} {a}
@@ -71,3 +71,14 @@ def test_the_raw_phase_writes_the_operators_own_children_owned_by_nothing() -> N
     assert len(children) == len(fleet.child_sizes()) == 10
     assert all("ownerReferences" not in c["metadata"] for c in children)
     assert all("ownerReferences" in c["metadata"] for c in fleet.rendered_children("tenant-0", "svc-0"))
+
+
+def test_requests_per_service_split_into_children_status_events_and_the_rest() -> None:
+    active = {
+        "writes": 1230.0,  # every patch the client sent: 1,000 children, 200 status, 30 tier status
+        "status_writes": 200.0,
+        "tier_status_writes": 30.0,
+        "events": 200.0,
+        "operator_requests": 1450.0,  # as the API server counted them: Events and watches too
+    }
+    assert requests_by_kind(active, 100) == {"children": 10.0, "status": 2.0, "events": 2.0, "other": 0.5}
