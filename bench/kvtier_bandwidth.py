@@ -22,7 +22,11 @@ machine hits all of them alike.
   plain file I/O of the same blocks on the same disk with the same block size and queue depth
   (the NVMe tier's 4 I/O threads, one 2 MiB pwrite/pread each): buffered (the page cache, as a
   plain program does it) and direct (``O_DIRECT``, what the device does). Writes end with an
-  fsync; reads start with the file's pages dropped from the page cache.
+  fsync; reads start with the file's pages dropped from the page cache. Plain writes overwrite
+  the same region every repeat, while the tier writes each chain into slots never written
+  before (preallocated, so the file system converts their extents on the first write: slower
+  here); ``direct_fresh_write`` writes each repeat into a fresh preallocated region, as the
+  tier does, for the like-for-like ratio.
 """
 
 from __future__ import annotations
@@ -207,6 +211,10 @@ def file_passes(root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor
             os.posix_fallocate(f.fileno(), 0, size * len(blocks))
         passes[f"{mode}_write"] = _file_pass(path, flags, sources, pool, os.pwritev, size)
         passes[f"{mode}_read"] = _file_pass(path, flags, targets, pool, os.preadv, size)
+    fresh = root / "plain-direct-fresh.dat"
+    with open(fresh, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, REPEATS * size * len(blocks))
+    passes["direct_fresh_write"] = _file_pass(fresh, os.O_DIRECT, sources, pool, os.pwritev, size, True)
     return passes
 
 
@@ -217,15 +225,18 @@ def _file_pass(
     pool: ThreadPoolExecutor,
     io: Callable[..., int],
     size: int,
+    fresh: bool = False,
 ) -> Pass:
+    """One pass over ``path``: the same region every repeat, or (``fresh``) repeat r's own."""
     writing = io is os.pwritev
 
-    def run(_: int) -> None:
+    def run(repeat: int) -> None:
         if not writing:
             drop_page_cache(path)
+        base = repeat * len(buffers) * size if fresh else 0
         fd = os.open(path, os.O_RDWR | flags)
         try:
-            done = pool.map(lambda i: io(fd, [buffers[i]], i * size), range(len(buffers)))
+            done = pool.map(lambda i: io(fd, [buffers[i]], base + i * size), range(len(buffers)))
             if any(n != size for n in done):
                 raise RuntimeError(f"kvtier bench: short {'write' if writing else 'read'} on {path}")
             if writing:
