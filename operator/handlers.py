@@ -22,6 +22,7 @@ from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 
 from strata.operator import names
 from strata.operator.autoscale.loop import Autoscaler, Peering
+from strata.operator.child_events import child_action
 from strata.operator.events import kopf_sink
 from strata.operator.kube import ClientPolicy, KubeClient
 from strata.operator.runtime import Runtime
@@ -311,16 +312,12 @@ async def child_event(
     await applier.settled(CHILD_KINDS[plural], body.metadata)
     own = applier.is_own_write(CHILD_KINDS[plural], body.metadata)
     applier.observe(CHILD_KINDS[plural], body.metadata, deleted=type == "DELETED")
-    key = (namespace, service)
-    if type is None and (own or not applier.knows(CHILD_KINDS[plural], body.metadata)):
-        return  # a listing: at start-up the service's own event covers it; later, nothing moved
-    if type == "MODIFIED" and plural in ("deployments", "statefulsets") and _status_only(body):
-        # The controller moved the rollout along; a spec edit (drift) bumps the generation first.
-        runtime.refresh_status(key)
-    elif type != "DELETED" and own:
-        return  # the echo of our own apply, or a status move nothing reports (a PDB's count)
-    else:
-        runtime.reconcile(key)
+    known = applier.knows(CHILD_KINDS[plural], body.metadata)
+    action = child_action(type, plural, own, known, _status_only(body))
+    if action == "refresh":
+        runtime.refresh_status((namespace, service))
+    elif action == "reconcile":
+        runtime.reconcile((namespace, service))
 
 
 def _status_only(body: kopf.Body) -> bool:
