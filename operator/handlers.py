@@ -249,7 +249,6 @@ def _runtime(memo: Any, indices: dict[str, Any]) -> Runtime:
             workloads=(indices["deployments_by_service"], indices["statefulsets_by_service"]),
             pods=indices["ready_pods_by_service"],
             services_by_tier=indices["services_by_tier"],
-            routers=indices["ready_pods_by_service"],
         )
     return runtime
 

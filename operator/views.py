@@ -43,8 +43,7 @@ class IndexViews:
     services: Mapping[ServiceKey, Iterable[Body]] = field(default_factory=dict)
     tiers: Mapping[str, Iterable[Body]] = field(default_factory=dict)
     workloads: Sequence[Mapping[ServiceKey, Iterable[Body]]] = ()  # one index per workload kind
-    pods: Mapping[ServiceKey, Iterable[PodRef]] = field(default_factory=dict)
-    routers: Mapping[ServiceKey, Iterable[PodRef]] = field(default_factory=dict)  # router pods
+    pods: Mapping[ServiceKey, Iterable[PodRef]] = field(default_factory=dict)  # workers and routers
     services_by_tier: Mapping[str, Iterable[ServiceKey]] = field(default_factory=dict)
     bound: bool = False
 
@@ -55,11 +54,9 @@ class IndexViews:
         workloads: Sequence[Mapping[ServiceKey, Iterable[Body]]],
         pods: Mapping[ServiceKey, Iterable[PodRef]],
         services_by_tier: Mapping[str, Iterable[ServiceKey]],
-        routers: Mapping[ServiceKey, Iterable[PodRef]] | None = None,
     ) -> None:
         self.services, self.tiers, self.workloads = services, tiers, workloads
         self.pods, self.services_by_tier, self.bound = pods, services_by_tier, True
-        self.routers = routers if routers is not None else {}
 
     def service(self, key: ServiceKey) -> Body | None:
         return next(iter(self.services.get(key, ())), None)
@@ -79,7 +76,7 @@ class IndexViews:
         return [p for p in self.pods.get(key, ()) if p.app == names.WORKER_APP]
 
     def ready_routers(self, key: ServiceKey) -> list[PodRef]:
-        return [p for p in self.routers.get(key, ()) if p.app == names.ROUTER_APP]
+        return [p for p in self.pods.get(key, ()) if p.app == names.ROUTER_APP]
 
     def tier_services(self, name: str) -> int:
         return len(list(self.services_by_tier.get(name, ())))

@@ -67,7 +67,7 @@ class ZeroKube(KubeClient):
         self.views = IndexViews(
             services={("ns", "chat"): [self.isvc]},
             tiers={"t": [{"spec": {}}]},
-            routers={("ns", "chat"): [PodRef("r1", "chat-router-x", router_ip, names.ROUTER_APP)]},
+            pods={("ns", "chat"): [PodRef("r1", "chat-router-x", router_ip, names.ROUTER_APP)]},
         )
 
     async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:

@@ -38,7 +38,6 @@ def test_worker_and_router_pods_share_one_index_and_are_told_apart_by_app() -> N
     ref = ready_pod(pod(labels={**labels, **router}))
     assert ref is not None and ref.app == "strata-router"
     views = IndexViews(pods={("a", "chat"): [PodRef("u", "p", "127.64.0.1"), ref]})
-    views.routers = views.pods
     assert views.ready_pods(("a", "chat")) == [PodRef("u", "p", "127.64.0.1")]
     assert views.ready_routers(("a", "chat")) == [ref]
 
