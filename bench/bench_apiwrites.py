@@ -101,7 +101,7 @@ def cluster_ip(cluster: Cluster) -> dict[str, Any]:
     out = {}
     for headless, in_flight in [(False, n) for n in CLUSTER_IP_IN_FLIGHT] + [(True, 32)]:
         name = f"{'headless' if headless else 'cluster-ip'}-{in_flight}"
-        asyncio.run(fleet.create_all(cluster.kubeconfig, fleet.namespaces([name])))
+        fleet.create_namespaces(cluster, [name])
         manifests = [_service(name, f"s{i}", headless) for i in range(CLUSTER_IP_SERVICES)]
         before = fleet.apiserver_metrics(cluster)
         seconds, _ = asyncio.run(_write_all(cluster.kubeconfig, manifests, False, in_flight))
@@ -124,7 +124,7 @@ def _service(namespace: str, name: str, headless: bool) -> Obj:
 
 def measure(cluster: Cluster, variant: Variant, services: int, tenants: int) -> dict[str, Any]:
     spaces = [f"{variant.name.replace('_', '-')}-{i}" for i in range(tenants)]
-    asyncio.run(fleet.create_all(cluster.kubeconfig, fleet.namespaces(spaces)))
+    fleet.create_namespaces(cluster, spaces)
     manifests = [m for i in range(services) for m in variant.objects(spaces[i % tenants], f"svc-{i}")]
     cpu_before, server_before = _cpu(cluster), fleet.apiserver_metrics(cluster)
     written_s, answer_s = asyncio.run(_write_all(cluster.kubeconfig, manifests, variant.create))

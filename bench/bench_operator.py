@@ -217,7 +217,7 @@ def raw_phase(cluster: Cluster, scale: Scale) -> dict[str, Any]:
     their ReplicaSets and pods as in the burst. Their namespaces are deleted before the burst."""
     sizes = fleet.child_sizes()
     names = [f"raw-{i}" for i in range(scale.tenants)]
-    create_namespaces(cluster, names)
+    fleet.create_namespaces(cluster, names)
     manifests = [
         fleet.sized_configmap(names[i % len(names)], f"svc-{i}-{j}", size)
         for i in range(scale.services)
@@ -225,7 +225,7 @@ def raw_phase(cluster: Cluster, scale: Scale) -> dict[str, Any]:
     ]
     seconds = asyncio.run(fleet.create_all(cluster.kubeconfig, manifests))
     spaces = [f"raw-children-{i}" for i in range(scale.tenants)]
-    create_namespaces(cluster, spaces)
+    fleet.create_namespaces(cluster, spaces)
     children = [
         m for i in range(scale.services) for m in fleet.unowned_children(spaces[i % len(spaces)], f"svc-{i}")
     ]
@@ -245,7 +245,7 @@ def raw_phase(cluster: Cluster, scale: Scale) -> dict[str, Any]:
 def measure(f: Fleet, result: dict[str, Any]) -> None:
     """The burst, steady and idle phases into ``result``, each figure as soon as it is measured;
     a phase that times out ends the run with what it saw (``timed_out``), never a hang."""
-    create_namespaces(f.cluster, f.namespaces)
+    fleet.create_namespaces(f.cluster, f.namespaces)
     for watch in f.watches:
         watch.start()
     try:
@@ -364,13 +364,6 @@ def _summary(r: dict[str, Any]) -> str:
         f"{r['steady_ready_p99_s']}s; {r['reconciles_per_service']} reconciles/service; idle "
         f"{r['idle_api_requests_per_service_per_min']} req/service/min; RSS {r['operator_peak_rss_mb']} MB"
     )
-
-
-def create_namespaces(cluster: Cluster, names: list[str]) -> None:
-    """With the retrying client, not kubectl: a busy API server answers kubectl's schema fetch for
-    validation too late (its 32 s timeout), failing the run before it measured anything."""
-    manifests = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in names]
-    asyncio.run(fleet.create_all(cluster.kubeconfig, manifests))
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:

@@ -117,8 +117,11 @@ def priority_class_json() -> str:
     return json.dumps(manifest)
 
 
-def namespaces(names_: list[str]) -> list[dict[str, Any]]:
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in names_]
+def create_namespaces(cluster: Cluster, names_: list[str]) -> None:
+    """With the retrying client, not kubectl: a busy API server answers kubectl's schema fetch for
+    validation too late (its 32 s timeout), failing the run before it measured anything."""
+    manifests = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in names_]
+    asyncio.run(create_all(cluster.kubeconfig, manifests))
 
 
 def sized_configmap(namespace: str, name: str, size: int) -> dict[str, Any]:
