@@ -191,14 +191,17 @@ class TierClient:
             return self._save(blocks, data, checked=True)
 
     def _save(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor], checked: bool) -> int:
-        """Save in batches of half the sidecar's ``max_batch`` (``save_batches``), two stages
-        deep: the next batch's slots are reserved before this one's put, so that the engine
-        copies batch n+1 while the sidecar writes batch n down (its reply to a reserve follows
-        the put before it). A checked save reads every put's reply and sums what was stored."""
+        """Save in batches of a third of the sidecar's ``max_batch`` (``save_batches``): the
+        next batch's slots are reserved before this one's put, so that the engine copies batch
+        n+1 while the sidecar writes batch n down. Three batches' staging slots are taken at
+        once: n-1's being committed, n's put on its way, n+1's reserve, so the sidecar queues
+        n's writes behind n-1's without waiting for its slots (its reply to a reserve follows
+        the put before it, committed). A checked save reads every put's reply and sums what
+        was stored."""
         sock = self._connected()
         if not blocks:
             return 0
-        spans = save_batches(len(blocks), max(1, self._max_batch // 2))  # two batches' slots at once
+        spans = save_batches(len(blocks), max(1, self._max_batch // 3))
         batches = [(blocks[start:stop], data[start:stop]) for start, stop in spans]
         self._drain(sock)
         self._stored = 0

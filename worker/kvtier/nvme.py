@@ -25,7 +25,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,12 @@ class Record:
     slot: int
     priority: int
     checksum: int | None  # None only before ``write``, which takes it from the bytes
+
+
+def log_outgrown(records: int, live: int) -> bool:
+    """A log of ``records`` appended records is rewritten once it holds over four times the
+    ``live`` blocks (plus slack, so a small tier does not rewrite it all the time)."""
+    return records > 4 * live + 4096
 
 
 def _sum(record: Record) -> int:
@@ -155,9 +161,14 @@ class NvmeStore:
         self._log_fd = os.open(self._log_path, os.O_RDWR | os.O_APPEND)
         self._log_records = count
 
-    def compact_if_needed(self, live: Sequence[Record]) -> None:
+    def needs_compaction(self, live: int) -> bool:
+        """Whether the log has grown past ``live`` blocks enough to rewrite it: a count, so
+        that a commit does not build every live record (an index of millions) to find out."""
+        return log_outgrown(self._log_records, live)
+
+    def compact(self, live: Sequence[Record]) -> None:
         with self._log_lock:
-            if self._log_records > 4 * len(live) + 4096:
+            if log_outgrown(self._log_records, len(live)):
                 self._rewrite_log(live)
 
     def write(self, batch: Sequence[tuple[Record, memoryview]]) -> list[Record]:
@@ -166,15 +177,32 @@ class NvmeStore:
         before writing it, while the others' writes are in flight). Raises OSError (e.g.
         ENOSPC) before anything is committed if a write fails. A buffer may be the whole slot
         (page-aligned: written directly) or just the block."""
-        if not batch:
+        return self.commit(self.written(self.submit(batch)))
+
+    def submit(self, batch: Sequence[tuple[Record, memoryview]]) -> list[Future[Record]]:
+        """Queue the writes of a batch on the I/O threads and return at once: a batch queued
+        while the one before is being synced keeps the device busy meanwhile."""
+        return [self._pool.submit(self._pwrite, record, data) for record, data in batch]
+
+    @staticmethod
+    def written(pending: Sequence[Future[Record]]) -> list[Record]:
+        """The records of a submitted batch once every write has ended; raises the first
+        write's OSError only then, so no write is still running into a slot the caller is
+        about to give back."""
+        wait(pending)
+        return [future.result() for future in pending]
+
+    def commit(self, records: Sequence[Record]) -> list[Record]:
+        """Make written blocks durable, data first: ``fdatasync`` (also the extent conversions
+        of direct writes), then their index records appended and ``fsync``-ed."""
+        if not records:
             return []
-        records = list(self._pool.map(lambda item: self._pwrite(*item), batch))
-        os.fdatasync(self._data_fd)  # also the extent conversions of direct writes
+        os.fdatasync(self._data_fd)
         with self._log_lock:
             os.write(self._log_fd, b"".join(encode(OP_PUT, record) for record in records))
             os.fsync(self._log_fd)
             self._log_records += len(records)
-        return records
+        return list(records)
 
     def _pwrite(self, record: Record, data: memoryview) -> Record:
         if record.checksum is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
 from strata.worker.kvtier.arena import checksum
@@ -34,8 +34,11 @@ class Sealer:
         self._idle.set()
         self._loop = Loop("sealer", self._seal_batch)
 
-    def add(self, keys: Iterable[bytes]) -> None:
-        """Called under the lock with blocks just put into DRAM without a checksum."""
+    def add(self, keys: Sequence[bytes]) -> None:
+        """Called under the lock with blocks just put into DRAM without a checksum (a host
+        client's put brings them all: nothing to do, and no thread is woken for nothing)."""
+        if not keys:
+            return
         self._pending.extend(keys)
         self._idle.clear()
         self._loop.wake()

@@ -10,7 +10,9 @@ import socket
 import socketserver
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +26,53 @@ from strata.worker.logs import REQUEST_ID
 log = logging.getLogger(__name__)
 
 
+# Requests a connection handles before the puts it read earlier are committed (the two steps
+# of a save's pipeline); any other request first waits for them, so it sees their blocks.
+PIPELINED = frozenset({"reserve", "put"})
+SETTLE_S = 120.0  # the longest a request waits for the commits of the puts before it
+
+
 def handle(service: KVTierService, owner: Owner, request: Message) -> Message:
-    """One request to one reply; lines logged meanwhile carry the engine's request id."""
+    """One request to one reply (a put's once its blocks are committed)."""
+    return start(service, owner, request).result()
+
+
+def start(service: KVTierService, owner: Owner, request: Message) -> Future[Message]:
+    """One request to its reply, ready at once except a put's: that is ready once the put's
+    staging blocks are committed (see ``KVTierService.put_async``). Lines logged meanwhile
+    carry the engine's request id."""
     request_id = request.get(protocol.REQUEST_ID_FIELD)
     token = REQUEST_ID.set(request_id if isinstance(request_id, str) else None)
     try:
-        return _dispatch(service, owner, request)
+        if request.get("op") == "put":
+            return _put_async(service, owner, request)
+        return _ready(_dispatch(service, owner, request))
     finally:
         REQUEST_ID.reset(token)
+
+
+def _put_async(service: KVTierService, owner: Owner, request: Message) -> Future[Message]:
+    try:
+        pending = service.put_async(owner, _put_blocks(request))
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        return _ready({"ok": False, "error": str(err)})
+    reply: Future[Message] = Future()
+    pending.add_done_callback(lambda done: reply.set_result(_stored(done)))
+    return reply
+
+
+def _stored(done: Future[int]) -> Message:
+    error = done.exception()
+    if error is not None:  # a fault of the sidecar's, not of the request: still answered
+        log.error("kvtier: put failed: %s", error)
+        return {"ok": False, "error": f"put: {error}"}
+    return {"ok": True, "stored": done.result()}
+
+
+def _ready(message: Message) -> Future[Message]:
+    future: Future[Message] = Future()
+    future.set_result(message)
+    return future
 
 
 def _dispatch(service: KVTierService, owner: Owner, request: Message) -> Message:
@@ -77,14 +118,17 @@ def _reserve(service: KVTierService, owner: Owner, request: Message) -> dict[str
 
 
 def _put(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    return {"stored": service.put(owner, _put_blocks(request))}
+
+
+def _put_blocks(request: Message) -> list[PutBlock]:
     keys = protocol.keys_from(request)
     parents = protocol.keys_from(request, "parents")
     slots = _ints(request, "slots")
     sums = _checksums(request) if "checksums" in request else [None] * len(keys)
     if not len(keys) == len(parents) == len(slots) == len(sums):
         raise ValueError("keys, parents, slots, checksums: must have the same length")
-    blocks = [PutBlock(*fields) for fields in zip(keys, parents, slots, sums, strict=True)]
-    return {"stored": service.put(owner, blocks)}
+    return [PutBlock(*fields) for fields in zip(keys, parents, slots, sums, strict=True)]
 
 
 def _prefetch(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
@@ -180,15 +224,79 @@ class _Connection(socketserver.BaseRequestHandler):
         owner = Owner()
         with server.connections_lock:
             server.connections.add(sock)
+        replies = _Replies(sock)
         try:
             while (request := protocol.receive(sock)) is not None:
-                protocol.send(sock, handle(service, owner, request))
+                if request.get("op") not in PIPELINED:
+                    replies.settle()
+                replies.push(start(service, owner, request))
         except (protocol.ProtocolError, OSError) as err:
             log.debug("kvtier: connection ended: %s", err)
         finally:
+            replies.close()
             with server.connections_lock:
                 server.connections.discard(sock)
             service.drop_owner(owner)
+
+
+class _Replies:
+    """A connection's replies, in request order. A reply that is ready with nothing ahead of
+    it is sent at once by the reading thread; one that waits (a put's, for its commit), and
+    every reply behind it, is sent by a thread of the connection's own, so that the connection
+    reads on (a save's next reserve and put) meanwhile. A failed send shuts the socket, which
+    ends the reading side too."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Condition()
+        self._waiting: deque[Future[Message]] = deque()  # not sent yet, oldest first
+        self._closed = self._broken = False
+        self._thread = threading.Thread(target=self._send_waiting, name="kvtier-replies", daemon=True)
+        self._thread.start()
+
+    def push(self, reply: Future[Message]) -> None:
+        with self._lock:
+            if not self._waiting and reply.done():
+                self._send(reply.result())
+                return
+            self._waiting.append(reply)
+            self._lock.notify()
+
+    def settle(self) -> None:
+        """Until every reply pushed so far is ready (the puts before have taken effect)."""
+        with self._lock:
+            pending = list(self._waiting)
+        wait(pending, timeout=SETTLE_S)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout=SETTLE_S)
+
+    def _send_waiting(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._waiting or self._closed)
+                if not self._waiting:
+                    return
+                head = self._waiting[0]
+            message = head.result()  # resolved by the committer, errors included
+            with self._lock:
+                self._send(message)
+                self._waiting.popleft()
+
+    def _send(self, message: Message) -> None:
+        """Under the lock: one writer at a time, in order."""
+        if self._broken:
+            return
+        try:
+            protocol.send(self._sock, message)
+        except (protocol.ProtocolError, OSError) as err:
+            log.debug("kvtier: reply not sent: %s", err)
+            self._broken = True
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
 
 
 class Sidecar:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from strata.worker.block_events import BlockEvents
@@ -29,6 +29,7 @@ from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
+from strata.worker.kvtier.writedown import WritePlan
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,11 @@ class Owner:
     expected: OrderedDict[str, list[bytes]] = field(default_factory=OrderedDict)  # queued requests
 
 
+Block = tuple[bytes, Entry]
+# Three save batches of 32 blocks: one being committed, one on its way, one being reserved
+# (the client saves in batches of a third of these); a load reads half of them per answer.
+STAGING_SLOTS = 96
+STAGING_WAIT_S = 120.0  # a reserve waits at most this long for in-flight puts' staging slots
 PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
 MAX_EXPECTED = 256  # queued requests a connection may announce; the oldest are forgotten first
 
@@ -60,7 +66,7 @@ class KVTierService:
         self,
         config: KVTierConfig,
         metrics: TierMetrics | None = None,
-        staging_slots: int = 64,
+        staging_slots: int = STAGING_SLOTS,
         background_demotion: bool = True,
     ) -> None:
         self.config = config
@@ -82,6 +88,11 @@ class KVTierService:
         # tier, so per-tier hit metrics credit NVMe/shared even when the prefetch won the race.
         self._prefetched_from: OrderedDict[bytes, str] = OrderedDict()
         self._background = ThreadPoolExecutor(1, thread_name_prefix="kvtier-prefetch")
+        # Staging puts' commits, in order (one thread: the index log's records stay in put order).
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvtier-commit")
+        self._writing = 0  # staging puts queued and not committed yet (their slots still held)
+        self._room = threading.Condition(self._lock)  # notified when a put's staging slots are back
+        self._closed = False
         # Checksums of a batch in parallel (the hash releases the GIL on large buffers).
 
     # ---- set-up ----
@@ -204,7 +215,7 @@ class KVTierService:
                     dram.index.touch(keys[i], now)  # no-op for a demoting block
                     entries = [entry]
                 else:
-                    room = max(1, self.staging_slots // 2) - staged
+                    room = lower_tier_room(len(keys) - i, max(1, self.staging_slots // 2), staged)
                     entries = (
                         mover.promote_run(keys[i : i + room], parent, staging_ok=True) if room > 0 else []
                     )
@@ -272,10 +283,24 @@ class KVTierService:
                 elif self._lower_tier_takes(key):
                     to_staging.add(key)
             slots = mover.dram_slots(len(to_dram)) if to_dram else []
+            self._await_staging(len(to_staging) + len(to_dram) - len(slots))
             self._poke_demoter()
             given: dict[bytes, int | None] = dict(zip(to_dram, slots, strict=False))
             given |= {key: None for key in [*to_dram[len(slots) :], *to_staging]}
             return [self._assign(owner, key, given) for key in keys]
+
+    def _await_staging(self, needed: int) -> None:
+        """While staging puts are being committed, wait (lock released, bounded) until
+        ``needed`` staging slots are free: their slots come back within a batch's write, and a
+        reserve answered without them would drop blocks the lower tiers should store."""
+        dram = self._require().dram
+        deadline = time.monotonic() + STAGING_WAIT_S
+        while self._writing and dram.free_staging() < needed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("kvtier: no staging slots came back in %.0f s", STAGING_WAIT_S)
+                return
+            self._room.wait(left)
 
     def _assign(self, owner: Owner, key: bytes, given: dict[bytes, int | None]) -> int | None:
         if key not in given:
@@ -297,38 +322,72 @@ class KVTierService:
         return self.shared is not None and key not in self.shared.index
 
     def put(self, owner: Owner, blocks: Sequence[PutBlock]) -> int:
-        """Commit blocks the engine copied into its reserved slots; returns how many were kept.
-        Checksums are of the bytes in the slots: the client's (hashed right after its copy,
-        while in cache) or, where it sent none, taken here."""
+        """:meth:`put_async`, waiting until its blocks are committed."""
+        return self.put_async(owner, blocks).result()
+
+    def put_async(self, owner: Owner, blocks: Sequence[PutBlock]) -> Future[int]:
+        """Commit blocks the engine copied into its reserved slots; the future resolves to how
+        many were kept. Checksums are of the bytes in the slots: the client's (hashed right
+        after its copy, while in cache) or, where it sent none, taken here. DRAM blocks are
+        committed before this returns; staging blocks' NVMe writes are queued here and
+        committed (written, synced, logged: durable) by the committer thread, which then frees
+        their staging slots and resolves the future. So the next batch's writes queue on the
+        device while this one is synced, and the connection reads its next request meanwhile."""
         started = time.perf_counter()
         with self._lock:
             mover = self._require()
-            dram = mover.dram
-            now = time.time()
-            stored: list[tuple[bytes, Entry]] = []
-            staged: list[tuple[bytes, Entry]] = []
-            for block in blocks:
-                if block.slot not in owner.reserved:
-                    raise ValueError(f"blocks: slot {block.slot} is not reserved by this connection")
-                owner.reserved.discard(block.slot)
-                entry = Entry(block.parent, self.config.priority, block.key in self._pinned, now, block.slot)
-                entry.checksum = block.checksum
-                if dram.is_staging(block.slot) or block.key in dram.index:
-                    staged.append((block.key, entry))
-                    continue
-                dram.index.add(block.key, entry)
-                stored.append((block.key, entry))
+            if self._closed:
+                raise RuntimeError("sidecar stopping: put refused")
+            stored, staged = self._enter(owner, blocks)
             if self._sealer is not None:
-                self._sealer.add(k for k, e in stored if e.checksum is None)
+                self._sealer.add([k for k, e in stored if e.checksum is None])
             self.metrics.written_bytes.labels("dram").inc(len(stored) * self.block_bytes)
             self.metrics.write_seconds.labels("dram").observe(time.perf_counter() - started)
             if self.config.write_mode == "write-through":
                 mover.write_down(stored, demoting=False)
-            mover.write_down([(k, e) for k, e in staged if dram.is_staging(e.slot)], demoting=False)
-            for _, entry in staged:
-                dram.give_back(entry.slot)
+            count = len(stored) + len(staged)
+            plan = mover.writer.plan([(k, e) for k, e in staged if mover.dram.is_staging(e.slot)], False)
+            mover.writer.start(plan)
             mover.publish_usage()
-            return len(stored) + len(staged)
+            if not staged:
+                return _done(count)
+            self._writing += 1
+            return self._committer.submit(self._commit_put, mover, plan, [e.slot for _, e in staged], count)
+
+    def _enter(self, owner: Owner, blocks: Sequence[PutBlock]) -> tuple[list[Block], list[Block]]:
+        """The blocks of a put as (key, entry): those entering DRAM (added to its index here)
+        and those only passing through (staging slots, or DRAM already holding the key)."""
+        dram = self._require().dram
+        now = time.time()
+        stored: list[Block] = []
+        staged: list[Block] = []
+        for block in blocks:
+            if block.slot not in owner.reserved:
+                raise ValueError(f"blocks: slot {block.slot} is not reserved by this connection")
+            owner.reserved.discard(block.slot)
+            entry = Entry(block.parent, self.config.priority, block.key in self._pinned, now, block.slot)
+            entry.checksum = block.checksum
+            if dram.is_staging(block.slot) or block.key in dram.index:
+                staged.append((block.key, entry))
+            else:
+                dram.index.add(block.key, entry)
+                stored.append((block.key, entry))
+        return stored, staged
+
+    def _commit_put(self, mover: Mover, plan: WritePlan, slots: list[int], count: int) -> int:
+        """On the committer thread: wait for a put's queued writes, sync them, then (under the
+        lock) enter them into the lower tiers and free the put's staging slots."""
+        try:
+            mover.writer.finish(plan)
+        finally:
+            with self._lock:
+                mover.writer.commit(plan)
+                for slot in slots:
+                    mover.dram.give_back(slot)
+                self._writing -= 1
+                mover.publish_usage()
+                self._room.notify_all()
+        return count
 
     # ---- connection bookkeeping ----
 
@@ -478,6 +537,9 @@ class KVTierService:
 
     def close(self) -> None:
         """Stop serving: later requests get "not configured" errors, never a closed file."""
+        with self._lock:
+            self._closed = True  # no put is queued after this: the committer can drain
+        self._committer.shutdown(wait=True)
         for worker in (self._demoter, self._sealer):
             if worker is not None:
                 worker.stop()
@@ -489,3 +551,22 @@ class KVTierService:
                 with contextlib.suppress(BufferError):  # a request's view still alive
                     self.dram.arena.close()
             self.dram = self.nvme = self.shared = self._mover = None
+
+
+def _done(count: int) -> Future[int]:
+    """A put with nothing left to write down: already committed."""
+    future: Future[int] = Future()
+    future.set_result(count)
+    return future
+
+
+def lower_tier_room(left: int, half: int, staged: int) -> int:
+    """How many of the ``left`` blocks still asked for to bring up from a lower tier into
+    this answer: at most ``half`` the staging slots less those it already ``staged`` (the
+    client copies one answer out while the next is read into the other half). Once what is
+    left fits in two such reads, half of it (at least a quarter of ``half``): the client copies
+    the last answer out with no read to overlap, so a short last answer ends the load sooner."""
+    room = half - staged
+    if left <= 2 * half:
+        room = min(room, max(half // 4, -(-left // 2)))
+    return room

@@ -43,6 +43,9 @@ class DramTier:
     def free_slots(self) -> int:
         return len(self._free)
 
+    def free_staging(self) -> int:
+        return len(self._staging)
+
     def returning_slots(self) -> int:
         """Slots freed while leased: free again once their readers release them."""
         return len(self._deferred)

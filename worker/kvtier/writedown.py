@@ -2,6 +2,9 @@
 without the service's lock: ``plan`` (under the lock: which blocks go where, room made, NVMe
 slots taken), ``write`` (the bytes and the NVMe commit records; no lock) and ``commit`` (under
 the lock: the blocks enter the lower tiers' indexes). ``write_down`` runs all three at once.
+``write`` is ``start`` (queue the NVMe writes, returns at once) and ``finish`` (wait for them,
+sync, append the records): a staging put queues its batch under the lock and leaves the rest
+to the service's committer, so the next batch's writes queue behind it meanwhile.
 
 The bytes written are in DRAM or staging slots, which the caller keeps (leased or held) until
 ``commit`` returns.
@@ -13,12 +16,13 @@ import logging
 import mmap
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.index import Entry
 from strata.worker.kvtier.metrics import TierMetrics
-from strata.worker.kvtier.nvme import Record
+from strata.worker.kvtier.nvme import NvmeStore, Record
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 
 log = logging.getLogger(__name__)
@@ -29,6 +33,8 @@ class WritePlan:
     demoting: bool
     nvme: list[tuple[Record, memoryview]] = field(default_factory=list)
     shared: list[tuple[bytes, Entry, memoryview]] = field(default_factory=list)
+    nvme_pending: list[Future[Record]] = field(default_factory=list)  # queued by ``start``
+    started: float = 0.0
     nvme_written: list[Record] = field(default_factory=list)  # with their checksums
     nvme_error: OSError | None = None
     shared_written: list[bool] = field(default_factory=list)
@@ -82,7 +88,9 @@ class Writer:
         nvme = self.nvme
         if nvme is None or not blocks:
             return []
-        self.evict_nvme(nvme.index.make_room(len(blocks)))
+        # Room for these and for the blocks still in flight (their slots are taken; they enter
+        # the index at their commit), or a pipelined put would find no free slot.
+        self.evict_nvme(nvme.index.make_room(len(blocks) + len(self.in_flight)))
         batch: list[tuple[Record, memoryview]] = []
         for key, entry in blocks:
             slot = nvme.take_slot()
@@ -130,13 +138,31 @@ class Writer:
 
     def write(self, plan: WritePlan) -> None:
         if plan.nvme and self.nvme is not None:
-            started = time.perf_counter()
-            try:
-                plan.nvme_written = self.nvme.store.write(plan.nvme)
-            except OSError as err:  # ENOSPC or a failing disk: refuse these blocks, keep serving
-                plan.nvme_error = err
-            plan.nvme_seconds = time.perf_counter() - started
+            plan.started = time.perf_counter()
+            self._nvme_io(plan, lambda store: store.write(plan.nvme))
         plan.shared_written = [self._write_shared(key, entry, data) for key, entry, data in plan.shared]
+
+    def start(self, plan: WritePlan) -> None:
+        """``write``'s first half: queue the plan's NVMe writes on the store's I/O threads and
+        return at once (the lock may be held: nothing here waits for the device)."""
+        if plan.nvme and self.nvme is not None:
+            plan.started = time.perf_counter()
+            plan.nvme_pending = self.nvme.store.submit(plan.nvme)
+
+    def finish(self, plan: WritePlan) -> None:
+        """``write``'s second half: wait for the queued NVMe writes and make them durable;
+        write the shared tier's blocks."""
+        if plan.nvme_pending:
+            self._nvme_io(plan, lambda store: store.commit(store.written(plan.nvme_pending)))
+        plan.shared_written = [self._write_shared(key, entry, data) for key, entry, data in plan.shared]
+
+    def _nvme_io(self, plan: WritePlan, io: Callable[[NvmeStore], list[Record]]) -> None:
+        assert self.nvme is not None
+        try:
+            plan.nvme_written = io(self.nvme.store)
+        except OSError as err:  # ENOSPC or a failing disk: refuse these blocks, keep serving
+            plan.nvme_error = err
+        plan.nvme_seconds = time.perf_counter() - plan.started
 
     def _write_shared(self, key: bytes, entry: Entry, data: memoryview) -> bool:
         assert self.shared is not None
@@ -181,7 +207,8 @@ class Writer:
         for record in plan.nvme_written:
             entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
             nvme.index.add(record.key, entry)
-        nvme.store.compact_if_needed(nvme.records())
+        if nvme.store.needs_compaction(len(nvme.index)):
+            nvme.store.compact(nvme.records())
 
 
 def _parent_bytes(entry: Entry) -> bytes:
