@@ -174,6 +174,8 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
         "nvme_read_over_direct_read": r(result["nvme_get_gbps"], result["direct_read_gbps"]),
         "nvme_write_over_direct_write": r(result["nvme_put_gbps"], result["direct_write_gbps"]),
         "nvme_write_over_direct_fresh_write": r(result["nvme_put_gbps"], result["direct_fresh_write_gbps"]),
+        "nvme_full_read_over_direct_read": r(result["nvme_full_get_gbps"], result["direct_read_gbps"]),
+        "nvme_full_write_over_direct_write": r(result["nvme_full_put_gbps"], result["direct_write_gbps"]),
     }
     for name, times in result["ttft_s"].items():
         for tier in ("hbm", "dram", "nvme"):
@@ -190,7 +192,8 @@ def summary(result: dict[str, Any]) -> str:
         f"({result['copy_path']} copy and checksum), "
         f"nvme read/write {q['nvme_read_over_file_read']}x/{q['nvme_write_over_file_write']}x file I/O "
         f"({q['nvme_read_over_direct_read']}x/{q['nvme_write_over_direct_write']}x direct I/O, "
-        f"write {q['nvme_write_over_direct_fresh_write']}x of direct writes into fresh extents), "
+        f"write {q['nvme_write_over_direct_fresh_write']}x of direct writes into fresh extents; "
+        f"a full tier {q['nvme_full_read_over_direct_read']}x/{q['nvme_full_write_over_direct_write']}x), "
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
         f"at 5k blocks (conversation)"

@@ -23,10 +23,12 @@ machine hits all of them alike.
   (the NVMe tier's 4 I/O threads, one 2 MiB pwrite/pread each): buffered (the page cache, as a
   plain program does it) and direct (``O_DIRECT``, what the device does). Writes end with an
   fsync; reads start with the file's pages dropped from the page cache. Plain writes overwrite
-  the same region every repeat, while the tier writes each chain into slots never written
+  the same region every repeat. The ``nvme`` tier writes each chain into slots never written
   before (preallocated, so the file system converts their extents on the first write: slower
-  here); ``direct_fresh_write`` writes each repeat into a fresh preallocated region, as the
-  tier does, for the like-for-like ratio.
+  here), as a new tier does until it has filled once; ``direct_fresh_write`` writes each
+  repeat into a fresh preallocated region likewise, for the like-for-like ratio. The
+  ``nvme_full`` tier is the steady state of a cache: full, so each put evicts the oldest
+  chain and writes into slots written before, like the plain overwrites.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ DTYPE = torch.bfloat16
 NUM_BLOCKS = 96  # 192 MiB per pass
 REPEATS = 9
 THREADS = 4  # the client's copy threads, and the NVMe tier's I/O threads (io_threads)
+# The steady-state NVMe tier holds two chains: full (filled with more than it holds before the
+# passes), every put evicts the oldest chain and writes into slots written before, as a plain
+# program's overwrites do; the other NVMe tier writes each chain into slots never written.
+FULL_CHAINS = 2
 
 Pass = Callable[[int], object]  # one pass over all blocks, in repeat r
 
@@ -99,11 +105,13 @@ def bandwidth(root: Path) -> dict[str, float]:
         )
         shm = stack.enter_context(shm_blocks(root, len(blocks), block_bytes))
         nvme, data = stack.enter_context(tier_client(root, "nvme", pids, nvme=(REPEATS + 1) * room))
+        full, full_data = stack.enter_context(tier_client(root, "nvme_full", pids, nvme=FULL_CHAINS * room))
         passes = copy_passes(pool, blocks, out, shm)
         passes |= tier_passes("dram", dram, blocks, out, None)  # DRAM: no file to drop
         passes |= tier_passes("dram_unchecked", unchecked, blocks, out, None)
         passes |= file_passes(root, blocks, pool)
         passes |= tier_passes("nvme", nvme, blocks, out, data)
+        passes |= tier_passes("nvme_full", full, blocks, out, full_data, fill=FULL_CHAINS + 1)
         result = interleaved(nbytes, passes, pids)
         if dram.unverified_blocks:  # (NVMe blocks are verified by the sidecar as they are read)
             raise RuntimeError("kvtier bench: DRAM blocks were read before the sidecar sealed them")
@@ -150,10 +158,18 @@ def tier_client(
 
 
 def tier_passes(
-    tier: str, client: TierClient, blocks: list[torch.Tensor], out: list[torch.Tensor], data: Path | None
+    tier: str,
+    client: TierClient,
+    blocks: list[torch.Tensor],
+    out: list[torch.Tensor],
+    data: Path | None,
+    fill: int = 0,
 ) -> dict[str, Pass]:
     """Each repeat gets the chain put a repeat before (a warm-up chain first), which the
-    sidecar has sealed since, then puts a fresh one (so nothing is skipped as already held)."""
+    sidecar has sealed since, then puts a fresh one (so nothing is skipped as already held).
+    ``fill`` chains are saved before the warm-up, for a tier full from the start."""
+    for n in range(fill):
+        client.save_checked(refs(len(tier) * 1000 + 500 + n, NUM_BLOCKS), blocks)
     chains = [refs(len(tier) * 1000 + r, NUM_BLOCKS) for r in range(REPEATS + 1)]
     client.save_checked(chains[0], blocks)
     wait_sealed(client)
