@@ -263,8 +263,8 @@ def test_long_saves_and_loads_through_nvme_are_pipelined_and_a_damaged_block_sto
 ):
     # DRAM off: 100 blocks go down through staging slots 32 per put, the next batch copied
     # while the sidecar writes the last, with the checksums the client took along its copies;
-    # they come up 32 at a time (half the staging slots per answer), the client asking for the
-    # next answer before it copies the current one out.
+    # they come up in answers of at most half the staging slots, the sidecar reading the next
+    # answer while the client copies the current one out.
     config = worker_config(root, dram={"capacity_bytes": 0}, nvme={"capacity_bytes": 128 * 16384})
     sidecar = start_sidecar(config.kvtier)
     client = client_for(root)

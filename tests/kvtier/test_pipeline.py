@@ -15,7 +15,7 @@ import pytest
 
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.nvme import NvmeStore, Record, decode_log, log_outgrown
-from strata.worker.kvtier.service import KVTierService, Owner, PutBlock, lower_tier_room
+from strata.worker.kvtier.service import KVTierService, Owner, PutBlock, staging_budget
 from strata.worker.kvtier.tiers import NvmeTier
 
 from .conftest import kvtier_config
@@ -132,6 +132,41 @@ def test_a_batch_is_queued_on_the_disk_before_the_put_before_it_is_committed(soc
     assert lookup["tiers"] == ["nvme"] * 8
 
 
+def test_the_next_part_of_a_load_is_read_before_the_client_asks_for_it(root, start_sidecar, monkeypatch):
+    sidecar = start_sidecar(kvtier_config(root, dram={"capacity_bytes": 0}), block_bytes=BLOCK)
+    reads: list[int] = []  # blocks per NVMe read, in order
+    done = threading.Condition()
+    real_read = NvmeStore.read_unhashed
+
+    def counted(store: NvmeStore, requests: Sequence[tuple[int, memoryview]]) -> list[bool]:
+        whole = real_read(store, requests)
+        with done:
+            reads.append(len(requests))
+            done.notify_all()
+        return whole
+
+    monkeypatch.setattr(NvmeStore, "read_unhashed", counted)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(WAIT_S)
+        conn.connect(str(root / "kv.sock"))
+        for first in range(0, 96, 32):
+            numbers = list(range(first, first + 32))
+            slots = call(conn, {"op": "reserve", "keys": hexes(numbers)})["slots"]
+            assert call(conn, put_message(numbers, slots))["stored"] == 32
+        first = call(conn, {"op": "get", "keys": hexes(range(96))})["slots"]
+        with done:  # no second get was sent, and the second part is read all the same
+            assert done.wait_for(lambda: len(reads) == 2, WAIT_S), reads
+        second = call(conn, {"op": "get", "keys": hexes(range(48, 96))})["slots"]
+        assert (len(first), len(second), reads) == (48, 24, [48, 24])
+        assert not set(first) & set(second)
+        call(conn, {"op": "release", "slots": first + second})
+        # The third part was read ahead too; the client asks for something else instead.
+        assert call(conn, {"op": "lookup", "keys": hexes([0])})["tiers"] == ["nvme"]
+        assert reads == [48, 24, 12]
+        call(conn, {"op": "stats"})
+        assert sidecar.service.dram is not None and not sidecar.service.dram._leases
+
+
 def test_a_reserve_waits_for_the_staging_slots_of_a_put_in_flight(root, monkeypatch):
     gate = Gate(monkeypatch)
     service = KVTierService(kvtier_config(root, dram={"capacity_bytes": 0}), staging_slots=4)
@@ -199,17 +234,27 @@ def test_the_index_log_is_compacted_only_when_outgrown_without_listing_every_blo
 
 @pytest.mark.parametrize(
     ("asked", "answers"),
-    [(96, [32, 32, 16, 8, 8]), (64, [32, 16, 8, 8]), (40, [20, 10, 8, 2]), (3, [3]), (1, [1])],
+    [(200, [32, 32, 32, 32, 32, 20, 10, 8, 2]), (96, [32, 32, 16, 8, 8]), (40, [20, 10, 8, 2]), (3, [3])],
 )
 def test_a_load_from_a_lower_tier_ends_with_short_answers(asked, answers):
     got, left = [], asked
     while left:
-        got.append(min(left, lower_tier_room(left, 32, 0)))
+        got.append(min(left, staging_budget(left, 32)))
         left -= got[-1]
     assert got == answers
 
 
-def test_lower_tier_room_counts_the_blocks_an_answer_already_staged():
-    assert lower_tier_room(200, 32, 30) == 2
-    assert lower_tier_room(200, 32, 32) == 0
-    assert lower_tier_room(10, 32, 0) == 8
+def test_the_sidecar_answers_a_long_nvme_load_in_shrinking_parts(root):
+    service = KVTierService(kvtier_config(root, dram={"capacity_bytes": 0}), staging_slots=64)
+    service.configure(BLOCK)
+    try:
+        for first in range(0, 96, 8):
+            save(service, range(first, first + 8))
+        keys, owner, answers = [n.to_bytes(16, "big") for n in range(96)], Owner(), []
+        while keys and (found := service.get(owner, keys)):
+            answers.append(len(found))
+            service.release(owner, [slot for slot, _ in found])
+            keys = keys[len(found) :]
+        assert answers == [32, 32, 16, 8, 8]  # half the 64 staging slots, then halves of the rest
+    finally:
+        service.close()

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # Requests a connection handles before the puts it read earlier are committed (the two steps
 # of a save's pipeline); any other request first waits for them, so it sees their blocks.
 PIPELINED = frozenset({"reserve", "put"})
+# The requests of a load: any other one gives back an answer read ahead for the load.
+LOADING = frozenset({"get", "release"})
 SETTLE_S = 120.0  # the longest a request waits for the commits of the puts before it
 
 
@@ -227,9 +229,14 @@ class _Connection(socketserver.BaseRequestHandler):
         replies = _Replies(sock)
         try:
             while (request := protocol.receive(sock)) is not None:
-                if request.get("op") not in PIPELINED:
+                op = request.get("op")
+                if op not in PIPELINED:
                     replies.settle()
+                if op not in LOADING:
+                    service.drop_ahead(owner)
                 replies.push(start(service, owner, request))
+                if op == "get":  # answered: read what the client asks for next meanwhile
+                    service.read_ahead(owner)
         except (protocol.ProtocolError, OSError) as err:
             log.debug("kvtier: connection ended: %s", err)
         finally:

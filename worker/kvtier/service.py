@@ -50,6 +50,17 @@ class Owner:
     leases: list[int] = field(default_factory=list)
     reserved: set[int] = field(default_factory=set)
     expected: OrderedDict[str, list[bytes]] = field(default_factory=OrderedDict)  # queued requests
+    next_ask: list[bytes] | None = None  # what the last answer left of its get: asked for next
+    ahead: ReadAhead | None = None  # the answer to ``next_ask``, read before it was asked
+
+
+@dataclass
+class ReadAhead:
+    """An answer read before its get arrived: its slots are leased to the owner already."""
+
+    asked: list[bytes]
+    found: list[tuple[int, int | None]]
+    next_ask: list[bytes] | None
 
 
 Block = tuple[bytes, Entry]
@@ -57,6 +68,7 @@ Block = tuple[bytes, Entry]
 # (the client saves in batches of a third of these); a load reads half of them per answer.
 STAGING_SLOTS = 96
 STAGING_WAIT_S = 120.0  # a reserve waits at most this long for in-flight puts' staging slots
+MIN_ANSWER = 8  # blocks: a load's answers from the lower tiers are not cut shorter than this
 PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
 MAX_EXPECTED = 256  # queued requests a connection may announce; the oldest are forgotten first
 
@@ -197,39 +209,71 @@ class KVTierService:
         """(slot, checksum) of the leading blocks now in shared memory, leased to ``owner``:
         all DRAM holds, and from the lower tiers at most half the staging slots, so that the
         client's next ask can be read while it copies this answer out. The checksum is None
-        where the client has nothing to check (see ``_to_verify``)."""
+        where the client has nothing to check (see ``_to_verify``). An answer read ahead
+        (``read_ahead``) for exactly these keys is handed over as it is."""
         with self._lock:
-            mover = self._require()
-            dram = mover.dram
-            now = time.time()
-            out: list[tuple[int, int | None]] = []
-            for key in keys:
-                mover.saw(key)
-            i = staged = 0
-            while i < len(keys):
-                parent = keys[i - 1] if i else None
-                entry = dram.index.get(keys[i]) or mover.demoting.get(keys[i])
-                fresh = entry is None
-                if entry is not None:
-                    dram.index.record_hit(keys[i], parent)
-                    dram.index.touch(keys[i], now)  # no-op for a demoting block
-                    entries = [entry]
-                else:
-                    room = lower_tier_room(len(keys) - i, max(1, self.staging_slots // 2), staged)
-                    entries = (
-                        mover.promote_run(keys[i : i + room], parent, staging_ok=True) if room > 0 else []
-                    )
-                for entry in entries:
-                    dram.lease(entry.slot)
-                    owner.leases.append(entry.slot)
-                    if dram.is_staging(entry.slot):
-                        staged += 1
-                        dram.give_back(entry.slot)  # deferred: back in the pool once released
-                    out.append((entry.slot, self._to_verify(entry, fresh)))
-                if not entries:
-                    break
-                i += len(entries)
-            self._poke_demoter()
+            ahead, owner.ahead = owner.ahead, None
+            if ahead is not None and ahead.asked == list(keys):
+                owner.next_ask = ahead.next_ask
+                return ahead.found
+            if ahead is not None:
+                self._unlease(owner, [slot for slot, _ in ahead.found])
+            found = self._get(owner, keys)
+            owner.next_ask = _left(keys, found)
+            return found
+
+    def read_ahead(self, owner: Owner) -> None:
+        """Read the answer to what the last answer left of its get (``next_ask``) now, before
+        the client asks: its disk reads overlap the client's copy of the answer just sent,
+        instead of waiting for the next get's round trip. Held for the owner until its next get
+        (handed over when it asks for exactly that), or given back (``drop_ahead``)."""
+        with self._lock:
+            asked, owner.next_ask = owner.next_ask, None
+            if asked and owner.ahead is None and self._mover is not None:
+                found = self._get(owner, asked)
+                owner.ahead = ReadAhead(asked, found, _left(asked, found))
+
+    def drop_ahead(self, owner: Owner) -> None:
+        """The client went on to something else: an answer read ahead goes back unread."""
+        with self._lock:
+            ahead, owner.ahead, owner.next_ask = owner.ahead, None, None
+            if ahead is not None and self._mover is not None:
+                self._unlease(owner, [slot for slot, _ in ahead.found])
+
+    def _get(self, owner: Owner, keys: Sequence[bytes]) -> list[tuple[int, int | None]]:
+        """``get`` under the lock."""
+        mover = self._require()
+        dram = mover.dram
+        now = time.time()
+        out: list[tuple[int, int | None]] = []
+        for key in keys:
+            mover.saw(key)
+        i = staged = 0
+        budget: int | None = None  # staging slots this answer may fill from the lower tiers
+        while i < len(keys):
+            parent = keys[i - 1] if i else None
+            entry = dram.index.get(keys[i]) or mover.demoting.get(keys[i])
+            fresh = entry is None
+            if entry is not None:
+                dram.index.record_hit(keys[i], parent)
+                dram.index.touch(keys[i], now)  # no-op for a demoting block
+                entries = [entry]
+            else:
+                if budget is None:
+                    budget = staging_budget(len(keys) - i, max(1, self.staging_slots // 2))
+                room = budget - staged
+                entries = mover.promote_run(keys[i : i + room], parent, staging_ok=True) if room > 0 else []
+            for entry in entries:
+                dram.lease(entry.slot)
+                owner.leases.append(entry.slot)
+                if dram.is_staging(entry.slot):
+                    staged += 1
+                    dram.give_back(entry.slot)  # deferred: back in the pool once released
+                out.append((entry.slot, self._to_verify(entry, fresh)))
+            if not entries:
+                break
+            i += len(entries)
+        self._poke_demoter()
         if self.config.write_mode == "write-through" and self.nvme is not None and out:
             self._background.submit(self._write_through_admitted, list(keys[: len(out)]))
         return out
@@ -393,11 +437,14 @@ class KVTierService:
 
     def release(self, owner: Owner, slots: Sequence[int]) -> None:
         with self._lock:
-            dram = self._require().dram
-            for slot in slots:
-                if slot in owner.leases:
-                    owner.leases.remove(slot)
-                    dram.unlease(slot)
+            self._unlease(owner, slots)
+
+    def _unlease(self, owner: Owner, slots: Sequence[int]) -> None:
+        dram = self._require().dram
+        for slot in slots:
+            if slot in owner.leases:
+                owner.leases.remove(slot)
+                dram.unlease(slot)
 
     def drop_owner(self, owner: Owner) -> None:
         """A connection ended: its leases end and its unfilled reservations go back."""
@@ -411,6 +458,7 @@ class KVTierService:
             self._forget_expected(owner, list(owner.expected))
             owner.leases.clear()
             owner.reserved.clear()
+            owner.ahead = owner.next_ask = None
 
     def report_corrupt(self, keys: Sequence[bytes]) -> None:
         """The client found these blocks failing their checksum: drop them from DRAM, or from
@@ -560,13 +608,19 @@ def _done(count: int) -> Future[int]:
     return future
 
 
-def lower_tier_room(left: int, half: int, staged: int) -> int:
-    """How many of the ``left`` blocks still asked for to bring up from a lower tier into
-    this answer: at most ``half`` the staging slots less those it already ``staged`` (the
-    client copies one answer out while the next is read into the other half). Once what is
-    left fits in two such reads, half of it (at least a quarter of ``half``): the client copies
-    the last answer out with no read to overlap, so a short last answer ends the load sooner."""
-    room = half - staged
-    if left <= 2 * half:
-        room = min(room, max(half // 4, -(-left // 2)))
-    return room
+def staging_budget(asked: int, half: int) -> int:
+    """How many of the ``asked`` blocks (from the first one DRAM lacks) one answer may bring
+    up from the lower tiers through staging slots: ``half`` of them (the client copies one
+    answer out while the next is read into the other half), and once what is asked fits in two
+    such answers, half of it (at least a quarter of ``half``, and ``MIN_ANSWER``): the client
+    copies the last answer out with no read left to overlap, so a short last answer ends the
+    load sooner; below ``MIN_ANSWER`` blocks a round trip costs more than the copy it hides."""
+    if asked <= 2 * half:
+        return min(half, max(MIN_ANSWER, half // 4, -(-asked // 2)))
+    return half
+
+
+def _left(keys: Sequence[bytes], found: Sequence[object]) -> list[bytes] | None:
+    """What an answer left of its get, when it brought some blocks but not all (the client asks
+    for the rest next); None when it brought all, or none (a miss: the load ends there)."""
+    return list(keys[len(found) :]) if 0 < len(found) < len(keys) else None
