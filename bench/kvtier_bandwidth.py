@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -64,22 +65,34 @@ Pass = Callable[[int], object]  # one pass over all blocks, in repeat r
 
 def interleaved(
     nbytes: int, passes: dict[str, Pass], pids: dict[str, int], repeats: int = REPEATS
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """GB/s of each pass, best of ``repeats``, the passes taking turns: by the wall clock
     (``_gbps``), and per CPU-second this process and the pass's sidecar (``pids``, by the
     pass's name less its last word) spent on it (``_cpu_gbps``), which a machine shared with
     other jobs disturbs far less. A DRAM put's checksums are taken along its copy: counted."""
     wall = dict.fromkeys(passes, float("inf"))
-    cpu = dict.fromkeys(passes, float("inf"))
+    cpu = dict.fromkeys(passes, (float("inf"), 0.0))  # (both processes, the sidecar's share)
     for repeat in range(repeats):
         for name, run in passes.items():
             mine = [pid for tier, pid in pids.items() if name.rsplit("_", 1)[0] == tier]
-            started, spent = time.perf_counter(), cpu_seconds(mine)
+            started, spent, own = time.perf_counter(), cpu_seconds(mine), time.process_time()
             run(repeat)
             wall[name] = min(wall[name], time.perf_counter() - started)
-            cpu[name] = min(cpu[name], max(cpu_seconds(mine) - spent, 1e-6))
+            total = max(cpu_seconds(mine) - spent, 1e-6)
+            cpu[name] = min(cpu[name], (total, total - (time.process_time() - own)))
     result = {f"{name}_gbps": round(nbytes / seconds / 1e9, 3) for name, seconds in wall.items()}
-    return result | {f"{name}_cpu_gbps": round(nbytes / seconds / 1e9, 3) for name, seconds in cpu.items()}
+    result |= {f"{name}_cpu_gbps": round(nbytes / seconds / 1e9, 3) for name, (seconds, _) in cpu.items()}
+    return result | {"cpu_s_per_gb": cpu_per_gb(nbytes, cpu)}
+
+
+def cpu_per_gb(nbytes: int, cpu: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """CPU-seconds per GB moved, of each pass's best repeat: in all (this process and the
+    sidecar) and the sidecar's share, which says where a tier spends beyond its copy."""
+    per_gb = 1e9 / nbytes
+    return {
+        name: {"total": round(total * per_gb, 4), "sidecar": round(max(0.0, sidecar) * per_gb, 4)}
+        for name, (total, sidecar) in cpu.items()
+    }
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -91,7 +104,7 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def bandwidth(root: Path) -> dict[str, float]:
+def bandwidth(root: Path) -> dict[str, Any]:
     blocks = [torch.randn(BLOCK_SHAPE).to(DTYPE) for _ in range(NUM_BLOCKS)]
     out = [torch.empty(BLOCK_SHAPE, dtype=DTYPE) for _ in range(NUM_BLOCKS)]
     block_bytes = blocks[0].numel() * blocks[0].element_size()
