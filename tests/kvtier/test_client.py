@@ -289,6 +289,21 @@ def test_long_saves_and_loads_through_nvme_are_pipelined_and_a_damaged_block_sto
     assert sidecar.service.dram is not None and not sidecar.service.dram._leases
 
 
+def test_a_load_of_many_answers_through_nvme_brings_every_block(root, start_sidecar):
+    # 300 blocks: six answers from the 96 staging slots, each read ahead while the one before
+    # is copied out; an answer read ahead must find room beside the one being copied.
+    config = worker_config(root, dram={"capacity_bytes": 0}, nvme={"capacity_bytes": 320 * 16384})
+    start_sidecar(config.kvtier)
+    client = client_for(root)
+    refs = chain("default", list(range(16 * 300)))
+    data = blocks_for(refs, torch.float32, seed=5)
+    assert client.save_checked(refs, data) == 300
+    out = [torch.empty(SHAPE) for _ in refs]
+    assert client.load([r.hash for r in refs], out) == 300
+    assert all(torch.equal(o, d) for o, d in zip(out, data, strict=True))
+    assert client.stats() is not None  # the read-ahead past the end was given back
+
+
 @pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 40, 96])
 def test_save_batches_cover_every_block_once_starting_short(count):
     spans = save_batches(count, 32)

@@ -133,39 +133,28 @@ class TierClient:
     def _load(self, hashes: Sequence[bytes], out: Sequence[torch.Tensor]) -> int:
         """Ask for everything left: the sidecar answers with the leading blocks it could place
         in shared memory (all that DRAM holds; from lower tiers at most half the staging slots
-        per answer). While one answer is copied out, the next ask is already in the sidecar's
-        hands (its disk reads overlap our copies). Stops when an answer brings nothing or a
-        block fails its check."""
-        sock = self._connected()
+        per answer) and, having answered, reads the next answer's blocks at once, while this
+        one is copied out here (its read-ahead); this one's slots go back before the rest is
+        asked for, so the read-ahead finds room. Stops when an answer brings nothing or a block
+        fails its check (reported: the sidecar drops it, and gives back what it read ahead)."""
         count = min(len(hashes), len(out))
         reply = self._call(self._get(hashes, 0, count))
         loaded = 0
         while True:
             slots: list[int] = reply["slots"]
-            ahead = bool(slots) and loaded + len(slots) < count
-            if ahead:
-                protocol.send(sock, protocol.tagged(self._get(hashes, loaded + len(slots), count)))
             intact = self._copy_out(out[loaded:], reply)
-            following = self._read_ahead(sock) if ahead else None
             self._send_later({"op": "release", "slots": slots})
             loaded += intact
-            if intact < len(slots) or following is None:
-                break
-            reply = following
-        if following is not None:  # stopped at a damaged block: give the next answer back
-            self._send_later({"op": "release", "slots": following["slots"]})
-        if loaded < count and intact < len(slots):
-            self._report_corrupt(hashes[loaded])
-        return loaded
+            if intact < len(slots):
+                self._report_corrupt(hashes[loaded])
+                return loaded
+            if not slots or loaded >= count:
+                return loaded
+            reply = self._call_pipelined(self._get(hashes, loaded, count))
 
     @staticmethod
     def _get(hashes: Sequence[bytes], start: int, stop: int) -> protocol.Message:
         return {"op": "get", "keys": [h.hex() for h in hashes[start:stop]]}
-
-    def _read_ahead(self, sock: socket.socket) -> dict[str, Any]:
-        """The reply to the get sent ahead (after those of what was sent before it)."""
-        self._drain(sock)
-        return self._reply(sock, "get")
 
     def _copy_out(self, out: Sequence[torch.Tensor], reply: dict[str, Any]) -> int:
         """Copy an answer's blocks out, checking them as they go; how many leading ones are intact."""
@@ -283,6 +272,12 @@ class TierClient:
         self._drain(sock)
         protocol.send(sock, protocol.tagged(message))
         return self._reply(sock, str(message.get("op")))
+
+    def _call_pipelined(self, message: protocol.Message) -> dict[str, Any]:
+        """``_call`` without waiting for the replies still due first: they are read after
+        the message is sent, in order, so it costs no extra round trip."""
+        self._send_later(message)
+        return self._reply_to(self._connected(), str(message.get("op")))
 
     def _send_later(self, message: protocol.Message) -> None:
         """Send without waiting for the reply (a release, a save's put): it is read before the

@@ -210,10 +210,11 @@ class KVTierService:
         all DRAM holds, and from the lower tiers at most half the staging slots, so that the
         client's next ask can be read while it copies this answer out. The checksum is None
         where the client has nothing to check (see ``_to_verify``). An answer read ahead
-        (``read_ahead``) for exactly these keys is handed over as it is."""
+        (``read_ahead``) for exactly these keys is handed over as it is, unless it found no
+        room then (all staging slots leased): then it is read now."""
         with self._lock:
             ahead, owner.ahead = owner.ahead, None
-            if ahead is not None and ahead.asked == list(keys):
+            if ahead is not None and ahead.found and ahead.asked == list(keys):
                 owner.next_ask = ahead.next_ask
                 return ahead.found
             if ahead is not None:
