@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
             print(f"strata router: no Kubernetes credentials: {exc}", file=sys.stderr)
             return 2
     from strata.router.main import serve
-    from strata.worker.server.auth import API_KEY_ENV
+    from strata.worker.config import API_KEY_ENV
 
     serve(config, creds, os.environ.get(API_KEY_ENV) or None)
     return 0

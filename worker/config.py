@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # After server.drain_timeout_s the requests still running are cut off; the worker (and then the
 # KV-tier sidecar) exits within this many seconds more. The pod's grace period covers both.
 DRAIN_CUTOFF_S = 10.0
+# The workers and routers check requests against this (set from a Secret through the
+# InferenceService's spec.pod.env); unset: open. Here, not in the server, so the operator's
+# renderers can name it without importing an HTTP server.
+API_KEY_ENV = "STRATA_API_KEY"
 
 EvictionPolicy = Literal["lru", "prefix-aware"]
 AdmissionPolicy = Literal["always", "doorkeeper", "adaptive"]

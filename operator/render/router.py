@@ -24,7 +24,7 @@ from strata.operator.render.pod import (
 )
 from strata.operator.render.volumes import engine_mounts, model_volume
 from strata.operator.settings import OperatorSettings
-from strata.worker.server.auth import API_KEY_ENV
+from strata.worker.config import API_KEY_ENV
 
 ROUTER_REPLICAS = 2
 COMPONENT = "router"

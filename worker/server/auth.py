@@ -11,7 +11,6 @@ from aiohttp.typedefs import Middleware
 
 from strata.worker.server.errors import ApiError, Handler, error_response
 
-API_KEY_ENV = "STRATA_API_KEY"  # set from a Secret (InferenceService spec.pod.env); unset: open
 MISSING_KEY = "invalid or missing API key: send Authorization: Bearer <key>"
 
 

@@ -16,10 +16,9 @@ import sys
 
 from aiohttp import web
 
-from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
+from strata.worker.config import API_KEY_ENV, DRAIN_CUTOFF_S, WorkerConfig
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.server.app import build_app
-from strata.worker.server.auth import API_KEY_ENV
 from strata.worker.server.drain import Drain
 from strata.worker.server.engine_loop import EngineLoop
 
