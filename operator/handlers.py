@@ -6,7 +6,9 @@ annotations, so the operator can be killed at any moment and deleting a service 
 for it (owner references do the garbage collection). What the reconciles and the autoscaler
 read comes from kopf indices of these same watches (strata.operator.views), and the watches of
 children, pods and PriorityClasses ask the API server only for objects labelled as managed by
-this operator. The index functions are coroutines: kopf runs plain functions in a thread pool,
+this operator. Their events are slimmed to the fields the operator reads before kopf queues them
+(strata.operator.slimwatch): whole bodies queued in a burst made the operator's peak memory.
+The index functions are coroutines: kopf runs plain functions in a thread pool,
 a hand-off per watch event, and what they keep then comes from that thread's malloc arena.
 Run with ``strata operator`` or ``kopf run -m strata.operator.handlers --all-namespaces``."""
 
@@ -20,7 +22,7 @@ from typing import Any
 import kopf
 from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 
-from strata.operator import names
+from strata.operator import names, slimwatch
 from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.child_events import child_action
 from strata.operator.events import kopf_sink
@@ -325,3 +327,4 @@ def _status_only(body: kopf.Body) -> bool:
 
 
 _register_child_watches()
+slimwatch.install(_labelled)
