@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from strata.router.weights import DEFAULT_WEIGHTS, TierWeights
+from strata.worker.config import dump_yaml
 
 
 class _Strict(BaseModel):
@@ -135,7 +136,7 @@ class RouterConfig(_Strict):
     )
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return dump_yaml(self.model_dump(mode="json"))
 
     @classmethod
     def from_yaml(cls, text: str) -> RouterConfig:

@@ -6,6 +6,7 @@ import itertools
 import json
 
 import pytest
+import yaml
 
 from strata.operator import names
 from strata.operator.plan import OwnerRef
@@ -351,3 +352,12 @@ def test_no_pod_overrides_render_as_before():
     spec = render_pod_template(plan, settings)["spec"]
     assert not {"imagePullSecrets", "serviceAccountName", "affinity"} & spec.keys()
     assert [e["name"] for e in spec["containers"][0]["env"]] == ["POD_NAME", "POD_NAMESPACE", "POD_IP"]
+
+
+@pytest.mark.parametrize(("tier", "mode", "source"), list(itertools.product(TIERS, MODES, SOURCES)))
+def test_configs_render_to_the_text_of_pythons_own_yaml_emitter(tier, mode, source):
+    """The ConfigMap goes through libyaml's emitter when it is there; a different text would
+    change the config hash, and so roll every pod of the fleet on an operator upgrade."""
+    plan, _ = make(tier, mode, source)
+    for text in render_configmap(plan)["data"].values():
+        assert text == yaml.safe_dump(yaml.safe_load(text), sort_keys=False)
