@@ -76,6 +76,11 @@ def reconciles(process: OperatorProcess) -> float:
     return process.metric("strata_operator_reconciles_total")
 
 
+def others_services(cluster: Cluster, namespace: str) -> list[str]:
+    found = cluster.kubectl_json("get", "inferenceservices", "--all-namespaces", "-o", "json")["items"]
+    return [o["metadata"]["namespace"] for o in found if o["metadata"]["namespace"] != namespace]
+
+
 def test_two_replicas_one_active_and_a_standby_takes_over(
     cluster: Cluster, namespace: str, kubeconfig: Path, tmp_path: Path
 ):
@@ -83,6 +88,9 @@ def test_two_replicas_one_active_and_a_standby_takes_over(
         args = [f"--peering={PEERING}", f"--priority={priority}"]
         return OperatorProcess(kubeconfig, tmp_path / f"{name}.log", args=args, peering_lifetime_s=8).start()
 
+    # Services of earlier tests whose namespaces are still being finalized would be reconciled
+    # by "low" while it is alone, and those reconciles can end after it paused.
+    wait_for(lambda: not others_services(cluster, namespace), 300, "earlier tests' services gone")
     low = start("low", 100)
     high = start("high", 200)
     try:
