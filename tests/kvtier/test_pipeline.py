@@ -167,6 +167,28 @@ def test_the_next_part_of_a_load_is_read_before_the_client_asks_for_it(root, sta
         assert sidecar.service.dram is not None and not sidecar.service.dram._leases
 
 
+def test_a_failing_read_ahead_leaves_the_connection_serving(root, start_sidecar, monkeypatch):
+    start_sidecar(kvtier_config(root, dram={"capacity_bytes": 0}), block_bytes=BLOCK)
+    reads: list[int] = []
+    real_read = NvmeStore.read_unhashed
+
+    def second_read_fails(store: NvmeStore, requests: Sequence[tuple[int, memoryview]]) -> list[bool]:
+        reads.append(len(requests))
+        if len(reads) == 2:  # the read-ahead's
+            raise ValueError("a fault in the read path")
+        return real_read(store, requests)
+
+    monkeypatch.setattr(NvmeStore, "read_unhashed", second_read_fails)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(WAIT_S)
+        conn.connect(str(root / "kv.sock"))
+        slots = call(conn, {"op": "reserve", "keys": hexes(range(64))})["slots"]
+        assert call(conn, put_message(range(64), slots))["stored"] == 64
+        assert len(call(conn, {"op": "get", "keys": hexes(range(64))})["slots"]) == 32
+        assert len(call(conn, {"op": "get", "keys": hexes(range(32, 64))})["slots"]) == 16
+        assert reads[:3] == [32, 16, 16]  # read again at the get
+
+
 def test_a_reserve_waits_for_the_staging_slots_of_a_put_in_flight(root, monkeypatch):
     gate = Gate(monkeypatch)
     service = KVTierService(kvtier_config(root, dram={"capacity_bytes": 0}), staging_slots=4)

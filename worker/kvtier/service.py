@@ -228,11 +228,14 @@ class KVTierService:
         the client asks: its disk reads overlap the client's copy of the answer just sent,
         instead of waiting for the next get's round trip. Held for the owner until its next get
         (handed over when it asks for exactly that), or given back (``drop_ahead``)."""
-        with self._lock:
-            asked, owner.next_ask = owner.next_ask, None
-            if asked and owner.ahead is None and self._mover is not None:
-                found = self._get(owner, asked)
-                owner.ahead = ReadAhead(asked, found, _left(asked, found))
+        try:
+            with self._lock:
+                asked, owner.next_ask = owner.next_ask, None
+                if asked and owner.ahead is None and self._mover is not None:
+                    found = self._get(owner, asked)
+                    owner.ahead = ReadAhead(asked, found, _left(asked, found))
+        except Exception:  # unasked work must never take the connection down: the get reads
+            log.exception("kvtier: read-ahead failed")
 
     def drop_ahead(self, owner: Owner) -> None:
         """The client went on to something else: an answer read ahead goes back unread."""
