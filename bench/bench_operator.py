@@ -223,13 +223,17 @@ def raw_phase(cluster: Cluster, scale: Scale) -> dict[str, Any]:
         for i in range(scale.services)
         for j, size in enumerate(sizes)
     ]
+    meter = fleet.CpuMeter(fleet.apiserver_pid(cluster))
     seconds = asyncio.run(fleet.create_all(cluster.kubeconfig, manifests))
+    raw_cpu = meter.read("raw")
     spaces = [f"raw-children-{i}" for i in range(scale.tenants)]
     fleet.create_namespaces(cluster, spaces)
     children = [
         m for i in range(scale.services) for m in fleet.unowned_children(spaces[i % len(spaces)], f"svc-{i}")
     ]
+    meter = fleet.CpuMeter(fleet.apiserver_pid(cluster))
     children_s = asyncio.run(fleet.create_all(cluster.kubeconfig, children))
+    raw_cpu |= meter.read("raw_children")
     cluster.kubectl(
         "delete", "namespace", *spaces, f"--timeout={scale.timeout_s:.0f}s", timeout_s=scale.timeout_s + 60
     )
@@ -239,6 +243,7 @@ def raw_phase(cluster: Cluster, scale: Scale) -> dict[str, Any]:
         "burst_raw_create_s": round(seconds, 2),
         "burst_raw_children_s": round(children_s, 2),
         "raw_children_services_per_s": round(scale.services / children_s, 2),
+        **raw_cpu,
     }
 
 
@@ -269,11 +274,13 @@ def measure(f: Fleet, result: dict[str, Any]) -> None:
 
 def burst_phase(f: Fleet, result: dict[str, Any]) -> None:
     before, started = f.histograms(), time.monotonic()
+    meter = fleet.CpuMeter(fleet.apiserver_pid(f.cluster))
     sent = f.apply("burst", f.scale.services, per_s=None)
     keys = set(sent)
     result.update(services=len(keys), burst_apply_s=round(time.monotonic() - started, 2))
     children = f.wait(f.children, keys, "services with every child")
     result["burst_all_children_s"] = round(max(children.values()) - started, 2)
+    result.update(meter.read("burst"))  # until every child exists, as raw_children
     ready_at = f.wait(f.ready, keys, "services Ready")
     result["burst_all_ready_s"] = round(max(ready_at.values()) - started, 2)
     result["burst_waits"] = waits(before, f.histograms())

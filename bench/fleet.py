@@ -250,6 +250,30 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
+def machine_busy_cpu_s() -> float:
+    """CPU-seconds all of this machine's cores spent busy since boot (/proc/stat: everything but
+    idle and iowait), to say how busy the machine was during a phase."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS  # user .. steal, less idle and iowait
+
+
+class CpuMeter:
+    """Where a phase's CPU went: the machine's busy share of all its cores, and the API server's
+    CPU-seconds (what it spent on the phase's objects, with whatever else ran)."""
+
+    def __init__(self, apiserver: int) -> None:
+        self.apiserver = apiserver
+        self.started = (time.monotonic(), machine_busy_cpu_s(), cpu_seconds(apiserver))
+
+    def read(self, prefix: str) -> dict[str, float]:
+        at, busy, server = self.started
+        core_seconds = max(time.monotonic() - at, 1e-9) * (os.cpu_count() or 1)
+        return {
+            f"{prefix}_machine_busy": round((machine_busy_cpu_s() - busy) / core_seconds, 3),
+            f"{prefix}_apiserver_cpu_s": round(cpu_seconds(self.apiserver) - server, 2),
+        }
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):

@@ -3,6 +3,9 @@ two scrapes), a service counted only once both its Deployments exist, and a smal
 
 from __future__ import annotations
 
+import os
+import time
+
 from bench import fleet
 from bench.bench_operator import Scale, _every_deployment, requests_by_kind
 
@@ -82,3 +85,14 @@ def test_requests_per_service_split_into_children_status_events_and_the_rest() -
         "operator_requests": 1450.0,  # as the API server counted them: Events and watches too
     }
     assert requests_by_kind(active, 100) == {"children": 10.0, "status": 2.0, "events": 2.0, "other": 0.5}
+
+
+def test_a_phase_cpu_meter_sees_a_process_burn_and_the_machine_busy() -> None:
+    """Busy share of all cores between 0 and 1, and the measured process's own CPU-seconds."""
+    meter = fleet.CpuMeter(os.getpid())
+    spent = time.process_time()
+    while time.process_time() - spent < 0.3:
+        sum(range(10_000))
+    read = meter.read("phase")
+    assert 0.25 <= read["phase_apiserver_cpu_s"] <= 5
+    assert 0 < read["phase_machine_busy"] <= 1
