@@ -54,6 +54,9 @@ def test_components_are_gone_after_a_failed_test_and_an_interrupt(tmp_path: Path
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and
+        # Python then never raises KeyboardInterrupt: Ctrl-C's default, as at a terminal.
+        preexec_fn=_default_sigint,
     )
 
     try:
@@ -62,6 +65,10 @@ def test_components_are_gone_after_a_failed_test_and_an_interrupt(tmp_path: Path
         if inner.poll() is None:  # a failed check: the inner suite (and its cluster) must not outlive it
             inner.kill()
             inner.communicate()
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def check_teardown(inner: subprocess.Popen[str], tmp_path: Path) -> None:
