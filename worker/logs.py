@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,9 +39,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class CurrentStderr(logging.StreamHandler[Any]):
+    """Writes to ``sys.stderr`` as it is when a line is logged, not as it was at set-up: a
+    handler bound to a stream that was later replaced and closed (a test's captured stderr, a
+    redirected one) fails every line after, from every thread."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass  # StreamHandler.__init__ and setStream set it: always the current stderr instead
+
+
 def setup(level: str) -> None:
     """JSON lines on stderr for the whole process, replacing any handler set before."""
-    handler = logging.StreamHandler()
+    handler = CurrentStderr()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -3,11 +3,14 @@ and a server that keeps serving after them."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
+from collections.abc import Iterator
 
 import pytest
 
+from strata.worker import logs
 from strata.worker.kvtier import cli, protocol
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.server import handle
@@ -73,7 +76,19 @@ def test_requests_before_hello_are_refused(root):
     assert reply == {"ok": False, "error": "sidecar not configured: send hello with block_bytes first"}
 
 
-def test_cli_rejects_a_bad_config(root, capsys):
+@pytest.fixture
+def cli_logging() -> Iterator[None]:
+    """The CLI sets the process's logging up (JSON lines at INFO on stderr): undone afterwards,
+    so the rest of the session does not log every library's INFO lines."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if isinstance(h, logs.CurrentStderr)]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def test_cli_rejects_a_bad_config(root, capsys, cli_logging):
     path = root / "worker.yaml"
     path.write_text("model: {name: m, path: /m}\nkvtier: {dram: {capacity_bytes: -5}}\n")
     assert cli.main(["serve", "--config", str(path)]) == 2
@@ -81,7 +96,7 @@ def test_cli_rejects_a_bad_config(root, capsys):
     assert cli.main(["serve", "--config", str(root / "missing.yaml")]) == 2
 
 
-def test_cli_reports_start_up_failures(root, capsys):
+def test_cli_reports_start_up_failures(root, capsys, cli_logging):
     blocker = root / "file"
     blocker.write_text("")
     config = kvtier_config(root, dram={"shm_path": str(blocker / "shm")})

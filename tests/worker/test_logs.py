@@ -74,3 +74,27 @@ def test_sidecar_messages_carry_the_request_id_into_its_log_context() -> None:
         server._HANDLERS.clear()
         server._HANDLERS.update(handlers)
     assert seen == ["req-7", None] and REQUEST_ID.get() is None
+
+
+def test_setup_writes_to_stderr_as_it_is_when_a_line_is_logged(monkeypatch) -> None:
+    """A stderr replaced and closed after set-up (as pytest does with each test's capture) must
+    not turn every later line, from any thread, into a logging error."""
+    import io
+    import sys
+
+    from strata.worker import logs
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    logs.setup("INFO")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    errors: list[object] = []
+    monkeypatch.setattr(root.handlers[0], "handleError", errors.append)
+    logging.getLogger("strata.test").info("after the swap")
+    assert not errors
+    assert json.loads(second.getvalue())["msg"] == "after the swap"
