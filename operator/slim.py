@@ -16,7 +16,7 @@ from typing import Any
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # a second copy of the spec
 # What is read of a child (handlers.child_event, child_events, children.Applier), a workload
 # (views.workload_snapshot: spec.replicas and the whole status) and a pod (views.ready_pod).
-SPEC_FIELDS = ("replicas",)
+WORKLOAD_SPEC = ("replicas",)
 POD_STATUS_FIELDS = ("phase", "podIP", "conditions")
 
 
@@ -26,7 +26,7 @@ def slim_body(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {k: body[k] for k in ("apiVersion", "kind") if k in body}
     kept["metadata"] = slim_metadata(body.get("metadata") or {})
     spec = body.get("spec") or {}
-    replicas = {k: spec[k] for k in SPEC_FIELDS if k in spec}
+    replicas = {k: spec[k] for k in WORKLOAD_SPEC if k in spec}
     if replicas:
         kept["spec"] = replicas
     status = body.get("status")
@@ -36,6 +36,8 @@ def slim_body(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """``meta`` without ``managedFields`` and kubectl's last-applied copy of the spec: nothing
+    reads them, and they are a large part of every object (the index caches services too)."""
     kept = {k: v for k, v in meta.items() if k != "managedFields"}
     annotations = meta.get("annotations")
     if annotations and LAST_APPLIED in annotations:

@@ -25,10 +25,6 @@ def install(selected: Selector) -> None:
     watching.infinite_watch = _slimming(selected)
 
 
-def uninstall() -> None:
-    watching.infinite_watch = _KOPF_INFINITE_WATCH
-
-
 def installed() -> bool:
     return watching.infinite_watch is not _KOPF_INFINITE_WATCH
 

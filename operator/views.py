@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.operator import names
+from strata.operator.slim import WORKLOAD_SPEC, slim_metadata
 
 ServiceKey = tuple[str, str]  # (namespace, name)
 Body = Mapping[str, Any]
@@ -20,8 +21,6 @@ BODY_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 # What the operator reads of a workload (status.rollout, Applier): its pod template, most of its
 # size, is what the operator itself rendered and is never read back.
 WORKLOAD_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "ownerReferences")
-WORKLOAD_SPEC = ("replicas",)
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # a second copy of the spec
 POD_APPS = (names.WORKER_APP, names.ROUTER_APP)
 
 
@@ -87,12 +86,8 @@ def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     metadata.managedFields and kubectl's last-applied annotation are left out: nothing reads
     them, and they are a large part of every cached service (memory grows with the fleet)."""
     kept = {k: body[k] for k in BODY_FIELDS if k in body}
-    meta = kept.get("metadata", {})
-    if "managedFields" in meta or LAST_APPLIED in (meta.get("annotations") or {}):
-        kept["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
-        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
-        if "annotations" in meta:
-            kept["metadata"]["annotations"] = annotations
+    if "metadata" in kept:
+        kept["metadata"] = slim_metadata(kept["metadata"])
     return kept
 
 

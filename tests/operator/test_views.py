@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from strata.operator.slim import LAST_APPLIED
 from strata.operator.status import rollout
 from strata.operator.views import (
-    LAST_APPLIED,
     IndexViews,
     PodRef,
     owning_service,
