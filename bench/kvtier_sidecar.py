@@ -13,6 +13,7 @@ from pathlib import Path
 
 from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, WorkerConfig
 from strata.worker.kv_connector import BlockRef
+from strata.worker.kvtier.slottable import table_path
 
 
 def config(
@@ -69,6 +70,7 @@ def stop(proc: subprocess.Popen[bytes], shm: Path) -> None:
             proc.wait()
     finally:
         shm.unlink(missing_ok=True)
+        table_path(shm).unlink(missing_ok=True)  # the DRAM tier's slot table beside it
 
 
 def drop_page_cache(path: Path) -> None:

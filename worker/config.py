@@ -113,6 +113,11 @@ class DramTierConfig(_Strict):
         "while the copy engine copies); off: CPU-bound reads run at copy speed, damage in shared memory "
         "goes unnoticed.",
     )
+    persistent: bool = Field(
+        True,
+        description="Record which block each slot holds in a table beside `shm_path`, so that a restarted "
+        "sidecar finds the blocks still in shared memory (verified by checksum); off: start empty.",
+    )
 
 
 class NvmeTierConfig(_Strict):

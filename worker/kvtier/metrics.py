@@ -46,6 +46,9 @@ class TierMetrics:
         self.read_bytes = counter("read_bytes", "Block bytes read from the tier.")
         self.written_bytes = counter("written_bytes", "Block bytes written to the tier.")
         self.corrupt_blocks = counter("corrupt_blocks", "Blocks that failed their checksum (dropped).")
+        self.recovered_blocks = counter(
+            "recovered_blocks", "Blocks found again at start (warm restart) and verified."
+        )
         self.errors = counter("io_errors", "I/O errors (full disk, unreachable store); the tier degraded.")
         self.read_seconds = Histogram(
             _PREFIX + "read_seconds",

@@ -80,6 +80,7 @@ class Mover:
             if not dram.is_staging(entry.slot):
                 entry.pinned = key in self.pinned
                 dram.index.add(key, entry)
+                dram.record(key, entry)  # read and checked: a restart may find it
                 self.metrics.promotions.labels("dram").inc()
         self.publish_usage()
         return entries

@@ -62,4 +62,5 @@ class Sealer:
             for (key, entry), crc in zip(todo, sums, strict=True):
                 if self.dram.index.get(key) is entry:  # still the same block in the same slot
                     entry.checksum = crc
+                    self.dram.record(key, entry)  # a restart may find it from now on
         return True

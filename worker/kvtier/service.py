@@ -26,6 +26,7 @@ from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.metrics import TierMetrics
 from strata.worker.kvtier.movement import Mover
 from strata.worker.kvtier.nvme import NvmeStore
+from strata.worker.kvtier.recovery import Found, Recovery, open_table
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
@@ -95,6 +96,8 @@ class KVTierService:
         self._mover: Mover | None = None
         self._demoter: Demoter | None = None  # write-back with a lower tier: keeps DRAM slots free
         self._sealer: Sealer | None = None  # checksums of saved DRAM blocks, off the engine's path
+        self._recovery: Recovery | None = None  # DRAM blocks a restart found, being verified
+        self._found = Found()  # what the DRAM slot table held at start
         self._pinned: set[bytes] = set()  # shared with the mover; pins may precede a block
         # Blocks a prefetch promoted to DRAM, by the tier they came from: a lookup reports that
         # tier, so per-tier hit metrics credit NVMe/shared even when the prefetch won the race.
@@ -134,7 +137,10 @@ class KVTierService:
         dram_slots = cfg.dram.capacity_bytes // self.slot_bytes
         arena = SlotArena(cfg.dram.shm_path, self.slot_bytes, dram_slots + self.staging_slots, create=True)
         threading.Thread(target=arena.preallocate, name="kvtier-preallocate", daemon=True).start()
-        self.dram = DramTier(arena, dram_slots, block_bytes, cfg.dram.eviction, cfg.dram.admission)
+        table, self._found = open_table(cfg, arena, dram_slots, block_bytes)
+        held = [record.slot for record in self._found.records]
+        eviction, admission = cfg.dram.eviction, cfg.dram.admission
+        self.dram = DramTier(arena, dram_slots, block_bytes, eviction, admission, table, held)
         nvme_slots = cfg.nvme.capacity_bytes // self.slot_bytes
         if nvme_slots:
             store = NvmeStore(cfg.nvme.path, self.slot_bytes, block_bytes, nvme_slots, cfg.nvme.io_threads)
@@ -152,6 +158,8 @@ class KVTierService:
         for name, tier in (("dram", self.dram), ("nvme", self.nvme), ("shared", self.shared)):
             if tier is not None:
                 tier.index.watch(self.events, name)
+        if self._found.records:
+            self._recovery = Recovery(self._lock, self._mover, self._found)
         self._publish_capacity()
         log.info("kvtier: dram %d, nvme %d slots of %d bytes", dram_slots, nvme_slots, self.slot_bytes)
 
@@ -178,6 +186,7 @@ class KVTierService:
 
     def lookup(self, keys: Sequence[bytes]) -> list[str]:
         with self._lock:
+            self._claim(keys)
             found: list[str] = []
             for key in keys:
                 tier = self._where(key)
@@ -185,6 +194,12 @@ class KVTierService:
                     break
                 found.append(tier)
             return found
+
+    def _claim(self, keys: Sequence[bytes]) -> None:
+        """Blocks a restart found and has not verified yet: verified and admitted now, when a
+        request names them (``recovery``)."""
+        if self._recovery is not None and self._recovery.pending:
+            self._recovery.claim(list(keys))
 
     def _where(self, key: bytes) -> str | None:
         m = self.metrics
@@ -250,6 +265,7 @@ class KVTierService:
         dram = mover.dram
         now = time.time()
         out: list[tuple[int, int | None]] = []
+        self._claim(keys)
         for key in keys:
             mover.saw(key)
         i = staged = 0
@@ -261,6 +277,7 @@ class KVTierService:
             if entry is not None:
                 dram.index.record_hit(keys[i], parent)
                 dram.index.touch(keys[i], now)  # no-op for a demoting block
+                dram.used(entry)  # and in the slot table, for a restart
                 entries = [entry]
             else:
                 if budget is None:
@@ -322,10 +339,12 @@ class KVTierService:
             now = time.time()
             to_dram: list[bytes] = []
             to_staging: set[bytes] = set()
+            self._claim(keys)
             for key, parent in zip(keys, parents, strict=True):
                 mover.saw(key)
-                if key in dram.index or key in mover.demoting:
+                if (held := dram.index.get(key) or mover.demoting.get(key)) is not None:
                     dram.index.touch(key, now)
+                    dram.used(held)
                 elif dram.capacity and key not in to_dram and dram.index.admits(key, parent):
                     to_dram.append(key)
                 elif self._lower_tier_takes(key):
@@ -419,6 +438,7 @@ class KVTierService:
                 staged.append((block.key, entry))
             else:
                 dram.index.add(block.key, entry)
+                dram.record(block.key, entry)  # with the client's checksum; else the sealer's
                 stored.append((block.key, entry))
         return stored, staged
 
@@ -490,6 +510,7 @@ class KVTierService:
             with self._lock:
                 mover = self._require()
                 parent: bytes | None = None
+                self._claim(keys)
                 for key in keys:
                     if key not in mover.dram.index and key not in mover.demoting:
                         origin = "nvme" if self.nvme is not None and key in self.nvme.index else "shared"
@@ -569,6 +590,10 @@ class KVTierService:
         """Until every DRAM block saved so far has its checksum (tests and benchmarks)."""
         return self._sealer is None or self._sealer.wait_idle(timeout)
 
+    def wait_recovered(self, timeout: float) -> bool:
+        """Until the DRAM blocks a restart found are all verified (tests and benchmarks)."""
+        return self._recovery is None or self._recovery.wait_done(timeout)
+
     def stats(self) -> dict[str, object]:
         with self._lock:
             tiers: dict[str, object] = {}
@@ -585,6 +610,7 @@ class KVTierService:
                 "tiers": tiers,
                 "pinned": len(self._pinned),
                 "unsealed": unsealed,
+                "recovery": self._found.stats(self._recovery.pending if self._recovery else 0),
             }
 
     def close(self) -> None:
@@ -592,7 +618,7 @@ class KVTierService:
         with self._lock:
             self._closed = True  # no put is queued after this: the committer can drain
         self._committer.shutdown(wait=True)
-        for worker in (self._demoter, self._sealer):
+        for worker in (self._demoter, self._sealer, self._recovery):
             if worker is not None:
                 worker.stop()
         self._background.shutdown(wait=True)
@@ -602,6 +628,8 @@ class KVTierService:
             if self.dram is not None:
                 with contextlib.suppress(BufferError):  # a request's view still alive
                     self.dram.arena.close()
+                if self.dram.table is not None:
+                    self.dram.table.close()
             self.dram = self.nvme = self.shared = self._mover = None
 
 

@@ -10,28 +10,45 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Collection
 
 from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.nvme import NvmeStore, Record
 from strata.worker.kvtier.shared import BlockStore, CorruptBlock
+from strata.worker.kvtier.slottable import SlotTable
 
 log = logging.getLogger(__name__)
+_NO_PARENT = b"\0" * 16
 
 
 class DramTier:
     """Blocks in shared-memory slots ``[0, capacity)``; slots above are staging slots that carry
     blocks to and from the lower tiers when DRAM is full or disabled. A leased slot (the engine
-    is copying out of it) is not reused until released, even if its block was evicted."""
+    is copying out of it) is not reused until released, even if its block was evicted.
+
+    With a slot ``table`` (``dram.persistent``), a block with its checksum is recorded there
+    (``record``) and its record is cleared when its slot is given back, before the slot can be
+    handed out again (the order ``slottable`` explains). ``held`` slots (blocks a restart is
+    still verifying) are not free until given back."""
 
     def __init__(
-        self, arena: SlotArena, capacity: int, block_bytes: int, eviction: str, admission: str = "always"
+        self,
+        arena: SlotArena,
+        capacity: int,
+        block_bytes: int,
+        eviction: str,
+        admission: str = "always",
+        table: SlotTable | None = None,
+        held: Collection[int] = (),
     ) -> None:
         self.arena = arena
         self.block_bytes = block_bytes
         self.capacity = capacity
         self.index = TierIndex(capacity, eviction, admission)
-        self._free = list(range(capacity - 1, -1, -1))
+        self.table = table
+        held = set(held)
+        self._free = [s for s in range(capacity - 1, -1, -1) if s not in held]
         self._staging = list(range(arena.num_slots - 1, capacity - 1, -1))
         self._leases: Counter[int] = Counter()
         self._deferred: set[int] = set()
@@ -50,7 +67,22 @@ class DramTier:
         """Slots freed while leased: free again once their readers release them."""
         return len(self._deferred)
 
+    def record(self, key: bytes, entry: Entry) -> None:
+        """Under the lock, once the block's bytes are in its DRAM slot and its checksum is
+        known: a restarted sidecar may find it again (about a microsecond)."""
+        table, crc, slot = self.table, entry.checksum, entry.slot
+        if table is not None and crc is not None and slot < self.capacity:
+            parent = entry.parent
+            table.commit(slot, key, parent if type(parent) is bytes else _NO_PARENT, crc)
+
+    def used(self, entry: Entry) -> None:
+        """A DRAM block was used (read or saved again): most recent at a restart too."""
+        if self.table is not None and entry.slot < self.capacity:
+            self.table.touch(entry.slot)
+
     def give_back(self, slot: int) -> None:
+        if self.table is not None and slot < self.capacity:
+            self.table.clear(slot)  # first: the slot may be handed out from here on
         if self._leases[slot]:
             self._deferred.add(slot)
         else:
