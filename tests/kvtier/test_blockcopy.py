@@ -16,8 +16,10 @@ from strata.worker.kvtier.blockcopy import (
     NATIVE_CHUNK_BYTES,
     copy_blocks,
     copy_hashing,
+    copy_hashing_addresses,
     flat_bytes,
     host_copy,
+    host_sources,
     save_blocks,
 )
 
@@ -84,3 +86,26 @@ def test_batches_return_each_blocks_checksum_in_order(path, count):
     expected = [checksum(s.numpy().data) for s in sources]
     assert saved == expected and loaded == expected
     assert all(torch.equal(o, s) for o, s in zip(out, sources, strict=True))
+
+
+def test_host_sources_are_the_blocks_addresses_and_refuse_what_a_raw_copy_must_not_trust():
+    blocks = [torch.randn(2, 16, 3).to(torch.bfloat16) for _ in range(3)]
+    size = blocks[0].numel() * blocks[0].element_size()
+    assert host_sources(blocks, size) == [b.data_ptr() for b in blocks]
+    with pytest.raises(ValueError, match="contiguous"):
+        host_sources([blocks[0], torch.randn(3, 16, 2).to(torch.bfloat16).transpose(0, 2)], size)
+    with pytest.raises(ValueError, match=f"{2 * size} bytes into {size}"):
+        host_sources([torch.randn(4, 16, 3).to(torch.bfloat16)], size)
+
+
+def test_copies_by_address_equal_copies_by_view(path):
+    sources = [random_bytes(CHUNK_BYTES + 100 * seed, seed) for seed in range(5)]
+    slots = [torch.zeros_like(s) for s in sources]
+    copies = [(d.data_ptr(), s.data_ptr(), s.numel()) for d, s in zip(slots, sources, strict=True)]
+    with ThreadPoolExecutor(4) as pool:
+        sums = copy_hashing_addresses(pool, copies)
+        streamed = [torch.zeros_like(s) for s in sources]
+        moved = [(d.data_ptr(), s.data_ptr(), s.numel()) for d, s in zip(streamed, sources, strict=True)]
+        streamed_sums = copy_hashing_addresses(pool, moved, stream=True)
+    assert sums == streamed_sums == [checksum(s.numpy().data) for s in sources]
+    assert all(torch.equal(d, s) for d, s in zip(slots + streamed, sources + sources, strict=True))

@@ -61,6 +61,18 @@ def test_hash_and_batch_agree_with_xxhash(routine):
     assert all(torch.equal(o, s) for o, s in zip(out, sources, strict=True))
 
 
+@pytest.mark.parametrize("offset", [0, 1, 8, 16])  # the destination's alignment: streamed at 0 and 16
+@pytest.mark.parametrize("size", SIZES)
+def test_a_streamed_copy_is_the_same_copy_and_the_same_digest(routine, size, offset):
+    src = random_bytes(size + 1, size)
+    dst = torch.zeros(size + offset + 64, dtype=torch.uint8)
+    start = dst.data_ptr() + offset
+    [digest] = routine.copy_hash_many([(start, src.data_ptr(), size)], NATIVE_CHUNK_BYTES, stream=True)
+    assert digest == xxhash.xxh3_64_intdigest(src.numpy().data[:size])
+    assert torch.equal(dst[offset : offset + size], src[:size])
+    assert not dst[:offset].any() and not dst[offset + size :].any(), "not one byte outside it"
+
+
 @needs_cc
 def test_racing_builders_share_one_library(tmp_path):
     """Engine and sidecar may build at once: both end with a loadable library, no temp left."""

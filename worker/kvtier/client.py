@@ -27,7 +27,14 @@ from strata.worker.config import WorkerConfig
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.arena import SlotArena
-from strata.worker.kvtier.blockcopy import COPY_THREADS, copy_blocks, flat_bytes, save_blocks
+from strata.worker.kvtier.blockcopy import (
+    COPY_THREADS,
+    copy_blocks,
+    copy_hashing_addresses,
+    flat_bytes,
+    host_sources,
+    save_blocks,
+)
 from strata.worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -223,13 +230,12 @@ class TierClient:
         wanted: list[bool] = reserved.get("hash") or [False] * len(slots)
         taken = [i for i, slot in enumerate(slots) if slot is not None]
         given = [cast(int, slots[i]) for i in taken]
-        assert self._arena is not None
-        pairs = [(self._raw(s), flat_bytes(data[i])) for i, s in zip(taken, given, strict=True)]
-        views = [
-            self._arena.view(s, self.block_bytes) if wanted[i] else None
-            for i, s in zip(taken, given, strict=True)
-        ]
-        sums = save_blocks(self._pool, pairs, views, self._page_locked)
+        tensors = [data[i] for i in taken]
+        sources = host_sources(tensors, self.block_bytes)
+        if sources is not None:  # every block in host memory: copied by address
+            sums: list[int | None] = list(self._copy_to_slots(given, sources))
+        else:
+            sums = self._save_from_device(tensors, given, [wanted[i] for i in taken])
         put = {
             "op": "put",
             "keys": [blocks[i].hash.hex() for i in taken],
@@ -243,6 +249,28 @@ class TierClient:
         assert self._arena is not None
         views = [self._arena.view(s, self.block_bytes) for s in slots] if hashed else None
         return copy_blocks(self._pool, pairs, views, self._page_locked)
+
+    def _copy_to_slots(self, slots: Sequence[int], sources: Sequence[int]) -> list[int]:
+        """Copy host blocks at ``sources`` into ``slots``, each hashed along its copy, with
+        streaming stores: the engine does not read its saved blocks back from the slots, and
+        the sidecar writes them to NVMe by DMA, so caching them would only cost a memory pass."""
+        assert self._slots is not None and self._arena is not None
+        base, stride = self._slots.data_ptr(), self._arena.slot_bytes
+        size = self.block_bytes
+        copies = [(base + slot * stride, src, size) for slot, src in zip(slots, sources, strict=True)]
+        return copy_hashing_addresses(self._pool, copies, stream=True)
+
+    def _save_from_device(
+        self, tensors: Sequence[torch.Tensor], slots: Sequence[int], wanted: Sequence[bool]
+    ) -> list[int | None]:
+        """Copy device blocks into ``slots`` (DMA from the page-locked mapping); the checksums
+        of the slots the sidecar asked for (its staging ones), None for the others."""
+        assert self._arena is not None
+        pairs = [(self._raw(s), flat_bytes(t)) for s, t in zip(slots, tensors, strict=True)]
+        views = [
+            self._arena.view(s, self.block_bytes) if w else None for s, w in zip(slots, wanted, strict=True)
+        ]
+        return save_blocks(self._pool, pairs, views, self._page_locked)
 
     def _raw(self, slot: int) -> torch.Tensor:
         assert self._slots is not None and self._arena is not None
