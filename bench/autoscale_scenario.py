@@ -38,6 +38,10 @@ PREMIUM_VARIANTS: dict[str, dict[str, Any]] = {
     # Cheaper still: where the built-in autoscaler meets kv_threshold's and the planner's cost.
     "target 0.4": {"targetPrefillUtilization": 0.4},
     "target 0.6": {"targetPrefillUtilization": 0.6},
+    # Laxer still (1.0 is the most a utilization can be): where a queue's TTFT and the KV usage
+    # (0.7) take over from the prefill load.
+    "target 0.8": {"targetPrefillUtilization": 0.8},
+    "target 1.0": {"targetPrefillUtilization": 1.0},
     "windows 0/600 s": {"scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSeconds": 600},
     "scale-down window 300 s": {"scaleDownStabilizationSeconds": 300},
     "scale-down window 120 s": {"scaleDownStabilizationSeconds": 120},

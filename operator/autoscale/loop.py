@@ -23,6 +23,7 @@ import aiohttp
 
 from strata.operator import names
 from strata.operator.autoscale import wake
+from strata.operator.autoscale.backoff import REPORT_AFTER, ScrapeBackoff
 from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
 from strata.operator.autoscale.cost import (
     Footprint,
@@ -92,6 +93,8 @@ class Autoscaler:
     # operator's CPU with a few hundred services; its sizes change only with a spec.
     sizes: dict[str, tuple[tuple[Any, ...], Footprint | None]] = field(default_factory=dict)
     telemetry: Telemetry = field(default_factory=Telemetry)
+    backoff: ScrapeBackoff = field(default_factory=ScrapeBackoff)
+    _ready_seen: set[str] = field(default_factory=set)  # pod uids Ready this interval
     usage_write_interval_s: float = USAGE_WRITE_INTERVAL_S
     utilization_window_s: float = UTILIZATION_WINDOW_S
     _usage_written_at: float | None = None
@@ -118,6 +121,7 @@ class Autoscaler:
             self.written.clear()
             self.patched.clear()
             self.sizes.clear()
+            self.backoff = ScrapeBackoff()
             self.telemetry.deactivate()
             return
         self.telemetry.active = True
@@ -131,6 +135,8 @@ class Autoscaler:
             self.patched.pop(gone, None)
             self.sizes.pop(gone, None)
         self.telemetry.forget({key for key, uid in zip(keys, seen, strict=True) if uid})
+        self.backoff.forget(self._ready_seen)
+        self._ready_seen = set()
         await self._write_usage()
 
     async def close(self) -> None:
@@ -184,18 +190,41 @@ class Autoscaler:
         return is_active(peers, self.peering.priority, datetime.now(UTC))
 
     async def _scrape_pods(self, namespace: str, name: str) -> dict[str, PodSample]:
+        """Samples of the service's Ready pods, but those whose endpoint is backing off."""
         pods = self.views.ready_pods((namespace, name))
-        results = await asyncio.gather(*(self._scrape(p) for p in pods))
+        self._ready_seen.update(p.uid for p in pods)
+        now = self.clock()
+        due = [p for p in pods if self.backoff.due(p.uid, now)]
+        results = await asyncio.gather(*(self._scrape(p) for p in due))
         return {uid: sample for uid, sample in results if sample is not None}
 
     async def _scrape(self, pod: PodRef) -> tuple[str, PodSample | None]:
         url = metrics_url(pod.ip, SERVER_PORT)
         text = await self._get_text(url)
         try:
-            return pod.uid, parse_exposition(text) if text is not None else None
+            sample = parse_exposition(text) if text is not None else None
         except MetricsError as exc:
             log.debug("autoscaler: metrics of %s (%s) unreadable: %s", pod.name, url, exc)
-            return pod.uid, None
+            sample = None
+        self._scraped(pod, url, sample is not None)
+        return pod.uid, sample
+
+    def _scraped(self, pod: PodRef, url: str, ok: bool) -> None:
+        """Back a failing endpoint off, and say so once when it keeps failing and when it answers."""
+        if ok:
+            if self.backoff.succeeded(pod.uid) >= REPORT_AFTER:
+                log.info("autoscaler: metrics of pod %s (%s) answer again", pod.name, url)
+            return
+        failures = self.backoff.failed(pod.uid, self.clock())
+        if failures == REPORT_AFTER:
+            log.warning(
+                "autoscaler: metrics of Ready pod %s (%s) failed %d times in a row; "
+                "scraping it at most every %.0f s until it answers",
+                pod.name,
+                url,
+                failures,
+                self.backoff.cap_s,
+            )
 
     async def _get_text(self, url: str) -> str | None:
         """GET under the scrape limit: the body, or None (logged at debug level) on any failure."""
@@ -330,7 +359,17 @@ class Autoscaler:
         seen = Observation.of(agg, ready_replicas=ready, requests_held=held)
         decision = decide(current, seen, policy, history, now)
         busy = prefill_busy(current, seen)
-        history.record(now, decision.recommendation, seen.had_traffic, policy.keep_s, busy, seen.ttft_p95_ms)
+        history.record(
+            now,
+            decision.recommendation,
+            seen.had_traffic,
+            policy.keep_s,
+            busy,
+            seen.ttft_p95_ms,
+            decision.queued,
+            decision.down_to(current),
+            seen.requests_waiting,
+        )
         if decision.changes(current):
             await self._apply(isvc, current, decision)
 

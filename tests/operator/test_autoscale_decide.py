@@ -43,11 +43,58 @@ def fresh(now: float = 0.0) -> History:
     return History(started=now)
 
 
-def test_ttft_over_target_scales_up_by_the_ratio_with_the_numbers_in_the_reason():
-    d = decide(2, seen(kv=0.5, ttft=812), NO_WINDOWS, fresh(), 100)
-    # ratio 812 / 300 = 2.71 beats 0.5 / 0.75: ceil(2 * 2.71) = 6, capped by the step of 4.
+def test_ttft_over_target_scales_up_by_the_ratio_at_most_doubling_with_the_numbers_in_the_reason():
+    d = decide(4, seen(kv=0.5, ttft=450), NO_WINDOWS, fresh(), 100)
+    # ratio 450 / 300 = 1.5 beats 0.5 / 0.75: ceil(4 * 1.5) = 6.
     assert d.replicas == 6 and d.recommendation == 6
-    assert d.reason == "TTFT p95 812 ms > target 300 ms: 2 -> 6"
+    assert d.reason == "TTFT p95 450 ms > target 300 ms: 4 -> 6"
+    # 812 / 300 = 2.71, but a queue's TTFT says the replicas are short, not by how much: double.
+    d = decide(2, seen(kv=0.5, ttft=812), NO_WINDOWS, fresh(), 100)
+    assert d.replicas == 4 and d.recommendation == 4
+    assert d.reason == "TTFT p95 812 ms > target 300 ms: 2 -> 4"
+
+
+def test_a_queue_of_seconds_doubles_the_ready_replicas_and_pods_still_starting_are_not_multiplied():
+    """strata sim, premium at a 0.8 target: 3 replicas queued for a TTFT p95 of 26 s; the old
+    ratio (87x) asked for 262, and every interval of the new pods' start-up asked for more, up to
+    maxReplicas."""
+    policy = Policy(**{**NO_WINDOWS.__dict__, "max_replicas": 16})
+    queue = Observation(0.99, 26143, True, requests_waiting=34, ready_replicas=3)
+    d = decide(3, queue, policy, fresh(), 105)
+    assert d.recommendation == 6 and d.replicas == 6
+    # 15 s later: still 3 ready (the new pods take a minute), still queued: 6 are coming, enough.
+    later = Observation(0.99, 28684, True, requests_waiting=22, ready_replicas=3)
+    d = decide(6, later, policy, fresh(), 120)
+    assert d.recommendation == 6 and d.replicas == 6 and not d.changes(6)
+
+
+def test_the_ttft_a_draining_queue_leaves_behind_does_not_scale():
+    """strata sim, a batch job woken from zero (cpu profile): 8 ready replicas had just served a
+    queue of 50 down to 2; the interval's p95 of 27 s, those requests' past, doubled them to 16."""
+    history = fresh()
+    history.record(1245, 8, True, keep_s=0, ttft_ms=27585, waiting=50)
+    drained = Observation(0.01, 27412, True, requests_waiting=2, ready_replicas=8)
+    d = decide(8, drained, NO_WINDOWS, history, 1260)
+    assert d.recommendation == 1 and d.reason.startswith("kvCacheUsage 0.01 < target 0.75")
+    assert "(TTFT p95 27412 ms > target 300 ms, a queue draining: 50 -> 2 waiting)" in d.reason
+    # Half or more still waiting: the queue is not being served; the TTFT counts.
+    history.record(1245, 8, True, keep_s=0, ttft_ms=27585, waiting=4)
+    assert (
+        decide(8, drained, Policy(**{**NO_WINDOWS.__dict__, "max_replicas": 16}), history, 1260).replicas
+        == 12
+    )
+
+
+def test_kv_usage_scales_the_ready_pods_it_was_measured_on():
+    # 3 of 6 ready, at 0.99 against 0.75: ceil(3 * 1.32) = 4 replicas' worth, not ceil(6 * 1.32) = 8.
+    starting = Observation(0.99, None, True, ready_replicas=3)
+    assert decide(6, starting, NO_WINDOWS, fresh(), 100).recommendation == 4
+    # The scale-down window keeps the pods that were asked for while they start.
+    policy = Policy(**{**NO_WINDOWS.__dict__, "scale_down_window_s": 180})
+    history = fresh()
+    history.record(90, 6, True, keep_s=180)
+    d = decide(6, starting, policy, history, 100)
+    assert d.replicas == 6 and "scale-down window 180 s" in d.reason
 
 
 def test_a_woken_service_takes_the_step_while_more_requests_are_held_than_its_starting_pods_take():
@@ -178,11 +225,60 @@ def test_a_queue_without_a_first_token_keeps_the_last_ttft_in_the_scale_up_windo
     first = decide(1, seen(kv=0.1, ttft=3000, waiting=4), policy, history, 70)
     history.record(70, first.recommendation, True, keep_s=60, ttft_ms=3000)
     # long generations hold every slot: no first token in this interval, four still waiting
-    stuck = decide(1, seen(kv=0.1, waiting=4), policy, history, 100)
-    assert stuck.recommendation == first.recommendation == 10  # 3000 ms over a 300 ms target
-    assert stuck.replicas == 5 and "TTFT p95 3000 ms" in stuck.reason
+    stuck = decide(2, seen(kv=0.1, waiting=4), policy, history, 100)
+    assert first.recommendation == 2  # 3000 ms over a 300 ms target: double
+    assert stuck.recommendation == 4 and "TTFT p95 3000 ms" in stuck.reason
+    assert stuck.replicas == 2  # the scale-up window: the lowest of its recommendations
     drained = decide(1, seen(kv=0.1, waiting=0), policy, history, 130)  # the queue emptied
     assert drained.recommendation == 1
+
+
+QUEUED = Policy(**{**NO_WINDOWS.__dict__, "max_scale_down_step": 1, "max_replicas": 16})
+
+
+def scaled(history: History, current: int, observation: Observation, now: float) -> int:
+    """One interval of the loop: decide, then record what the loop records."""
+    d = decide(current, observation, QUEUED, history, now)
+    history.record(
+        now,
+        d.recommendation,
+        True,
+        QUEUED.keep_s,
+        None,
+        observation.ttft_p95_ms,
+        d.queued,
+        d.down_to(current),
+        observation.requests_waiting,
+    )
+    return d.replicas
+
+
+def test_no_scale_down_again_to_a_count_that_was_scaled_down_to_and_then_queued():
+    """strata sim, premium at a 0.8 target: 4 -> 3 whenever the averaged load fitted 3, a queue
+    at 3 within two minutes, back up to 6; four times in the hour."""
+    history = fresh()
+    light = Observation(0.2, 2000, True, requests_waiting=0, ready_replicas=4)  # 0.2 / 0.75: 2 enough
+    assert scaled(history, 4, light, 15) == 3
+    queue = Observation(0.9, 26000, True, requests_waiting=30, ready_replicas=3)
+    d = decide(3, queue, QUEUED, history, 105)
+    assert (d.replicas, d.queued) == (6, 3)
+    assert scaled(history, 3, queue, 105) == 6
+    quiet = Observation(0.1, 2000, True, requests_waiting=0, ready_replicas=6)  # 1 would do
+    assert scaled(history, 6, quiet, 300) == 5
+    assert scaled(history, 5, quiet, 315) == 4
+    d = decide(4, quiet, QUEUED, history, 330)
+    assert d.replicas == 4 and d.reason.endswith("(scaled down to 3 replicas, requests queued 225 s ago)")
+    assert decide(4, quiet, QUEUED, history, 105 + 600).replicas == 3  # the hold is over
+
+
+def test_a_queue_that_no_scale_down_led_to_leaves_no_floor():
+    history = fresh()  # e.g. a batch job's burst at the replicas it was woken with
+    queue = Observation(0.9, 26000, True, requests_waiting=30, ready_replicas=3)
+    d = decide(3, queue, QUEUED, history, 105)
+    assert d.replicas == 6 and d.queued is None
+    history.record(105, d.recommendation, True, QUEUED.keep_s, None, 26000, d.queued, d.down_to(3))
+    assert decide(6, Observation(0.1, 2000, True, requests_waiting=0), QUEUED, history, 300).replicas == 5
+    assert decide(4, Observation(0.1, 2000, True, requests_waiting=0), QUEUED, history, 315).replicas == 3
 
 
 def test_no_signals_keep_the_replicas_within_bounds():

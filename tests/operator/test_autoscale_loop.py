@@ -42,7 +42,8 @@ class FakeKube(KubeClient):
                 "autoscaling": {"mode": mode},
             },
         }
-        self.tier: Obj = {"spec": {"autoscaling": {"targetKvCacheUsage": 0.5, "maxScaleUpStep": 1}}}
+        # the ready pod's KV usage (0.95) over 0.4 asks for 3 replicas: the pod not ready is not enough
+        self.tier: Obj = {"spec": {"autoscaling": {"targetKvCacheUsage": 0.4, "maxScaleUpStep": 1}}}
         self.peers = peers
         self.patches: list[tuple[str, Any]] = []
         self.ip = NOBODY  # the ready pod's IP: where the test's metrics server listens, if it runs
@@ -135,7 +136,7 @@ async def test_first_interval_primes_then_signals_and_a_builtin_scale() -> None:
         )
         assert isinstance(scaler.events, RecordedEvents)
         assert scaler.events.reasons() == ["Scaled"]
-        assert "kvCacheUsage 0.95 > target 0.50: 2 -> 3 (max step 1)" in scaler.events.events[0][3]
+        assert scaler.events.events[0][3].endswith("kvCacheUsage 0.95 > target 0.40: 2 -> 3")
 
 
 async def test_mode_off_reports_signals_once_while_they_hold_and_never_scales() -> None:

@@ -30,6 +30,7 @@ DECISIONS = (
     "autoscale.cachevalue",
     "autoscale.bottleneck",
     "autoscale.cost",
+    "autoscale.backoff",
 )
 # Third-party packages that do I/O (or, for torch, belong to the worker).
 EFFECTFUL = {"kopf", "kubernetes", "aiohttp", "httpx", "torch"}

@@ -53,6 +53,9 @@ class Builtin:
             self.policy.keep_s,
             prefill_busy(view.desired, seen),
             seen.ttft_p95_ms,
+            decision.queued,
+            decision.down_to(view.desired),
+            seen.requests_waiting,
         )
         return Verdict(decision.replicas, decision.reason)
 
