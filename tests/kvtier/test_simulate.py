@@ -46,12 +46,25 @@ def test_optimal_bounds_online_policies_on_random_chains():
         assert ceiling <= best
         for eviction in ("lru", "prefix-aware"):
             assert hit_ratio(trace, capacity, eviction, "doorkeeper") <= ceiling + 1e-12
+        with_queue = optimal_hit_ratio(trace, capacity, doorkeeper=True, lookahead=4)
+        assert ceiling <= with_queue <= best
+        for eviction in ("lru", "prefix-aware"):
+            assert hit_ratio(trace, capacity, eviction, "doorkeeper", lookahead=4) <= with_queue + 1e-12
 
 
 def test_doorkeeper_ceiling_admits_on_the_second_sighting():
     trace = [[1, 2], [1, 2], [1, 2]]
     assert optimal_hit_ratio(trace, 10) == pytest.approx(4 / 6)
     assert optimal_hit_ratio(trace, 10, doorkeeper=True) == pytest.approx(2 / 6)
+
+
+def test_lookahead_ceiling_also_admits_what_a_queued_request_announced():
+    trace = [[1, 2], [3], [1, 2], [1, 2]]
+    # Doorkeeper alone: 1, 2 enter on their second sighting (request 2), hit in request 3.
+    assert optimal_hit_ratio(trace, 10, doorkeeper=True) == pytest.approx(2 / 7)
+    # Request 2 is within two requests of request 0: announced, so 1, 2 enter at once.
+    assert optimal_hit_ratio(trace, 10, doorkeeper=True, lookahead=2) == pytest.approx(4 / 7)
+    assert optimal_hit_ratio(trace, 10, doorkeeper=True, lookahead=1) == pytest.approx(2 / 7)
 
 
 def test_load_trace_names_bad_lines(tmp_path):

@@ -131,12 +131,16 @@ def next_uses(trace: Sequence[Sequence[int]]) -> list[list[float]]:
     return result
 
 
-def optimal_hit_ratio(trace: Sequence[Sequence[int]], capacity: int, doorkeeper: bool = False) -> float:
+def optimal_hit_ratio(
+    trace: Sequence[Sequence[int]], capacity: int, doorkeeper: bool = False, lookahead: int = 0
+) -> float:
     """Belady's offline optimum with prefix hits: evict the farthest next use; among equal next
     uses the deeper block first, since its prefix is needed for it to be of any use.
 
     With ``doorkeeper`` a block enters only as the doorkeeper admission would let it (on its
-    second sighting): the ceiling of every eviction order behind that admission rule."""
+    second sighting): the ceiling of every eviction order behind that admission rule. With
+    ``lookahead`` too, a block one of the next ``lookahead`` requests asks for also enters (the
+    queue announced it): the ceiling of every policy that admits no first sighting blindly."""
     uses = next_uses(trace)
     door = Doorkeeper(capacity) if doorkeeper else None
     cached: dict[int, tuple[float, int]] = {}
@@ -146,7 +150,8 @@ def optimal_hit_ratio(trace: Sequence[Sequence[int]], capacity: int, doorkeeper:
         hits += next((p for p, k in enumerate(chain) if k not in cached), len(chain))
         total += len(chain)
         for position, key in enumerate(chain):
-            if door is None or door.sketch.increment(key) or key in cached:
+            seen = door is None or door.sketch.increment(key) > 0
+            if seen or key in cached or uses[i][position] - i <= lookahead:
                 cached[key] = stamp = (uses[i][position], position)
                 heapq.heappush(heap, (-stamp[0], -position, key))
         heap = _evict_farthest(cached, heap, capacity)
