@@ -147,36 +147,46 @@ def run() -> dict[str, Any]:
     return result
 
 
+# Each ratio in the JSON: (its name, the pass measured, the pass it is measured against), by the
+# passes' GB/s (``*_cpu``: per CPU-second).
+RATIOS = (
+    ("dram_put_over_memcpy", "dram_put", "memcpy"),
+    ("dram_get_over_memcpy", "dram_get", "memcpy"),
+    ("dram_unchecked_get_over_memcpy", "dram_unchecked_get", "memcpy"),
+    ("dram_put_over_memcpy_to_shm", "dram_put", "memcpy_to_shm"),
+    ("memcpy_to_shm_over_memcpy", "memcpy_to_shm", "memcpy"),
+    ("torch_copy_cpu_over_memcpy_cpu", "torch_copy_cpu", "memcpy_cpu"),
+    ("copy_hash_cpu_over_memcpy_cpu", "copy_hash_cpu", "memcpy_cpu"),
+    ("copy_hash_python_cpu_over_memcpy_cpu", "copy_hash_python_cpu", "memcpy_cpu"),
+    (
+        "copy_hash_stream_to_shm_cpu_over_memcpy_to_shm_cpu",
+        "copy_hash_stream_to_shm_cpu",
+        "memcpy_to_shm_cpu",
+    ),
+    ("dram_put_cpu_over_copy_hash_stream_to_shm_cpu", "dram_put_cpu", "copy_hash_stream_to_shm_cpu"),
+    ("dram_put_cpu_over_memcpy_to_shm_cpu", "dram_put_cpu", "memcpy_to_shm_cpu"),
+    ("dram_get_cpu_over_memcpy_cpu", "dram_get_cpu", "memcpy_cpu"),
+    ("dram_unchecked_get_cpu_over_memcpy_cpu", "dram_unchecked_get_cpu", "memcpy_cpu"),
+    ("nvme_read_over_file_read", "nvme_get", "file_read"),
+    ("nvme_write_over_file_write", "nvme_put", "file_write"),
+    ("nvme_read_over_direct_read", "nvme_get", "direct_read"),
+    ("nvme_write_over_direct_write", "nvme_put", "direct_write"),
+    ("nvme_write_over_direct_fresh_write", "nvme_put", "direct_fresh_write"),
+    ("nvme_full_read_over_direct_read", "nvme_full_get", "direct_read"),
+    ("nvme_full_write_over_direct_write", "nvme_full_put", "direct_write"),
+    ("staged_direct_write_over_direct_write", "staged_direct_write", "direct_write"),
+    ("staged_direct_read_over_direct_read", "staged_direct_read", "direct_read"),
+    ("nvme_full_write_over_staged_direct_write", "nvme_full_put", "staged_direct_write"),
+    ("nvme_full_read_over_staged_direct_read", "nvme_full_get", "staged_direct_read"),
+    ("nvme_read_over_staged_direct_read", "nvme_get", "staged_direct_read"),
+)
+
+
 def ratios(result: dict[str, Any]) -> dict[str, float]:
     def r(a: float, b: float) -> float:
         return round(a / b, 3) if b else 0.0
 
-    out = {
-        "dram_put_over_memcpy": r(result["dram_put_gbps"], result["memcpy_gbps"]),
-        "dram_get_over_memcpy": r(result["dram_get_gbps"], result["memcpy_gbps"]),
-        "dram_unchecked_get_over_memcpy": r(result["dram_unchecked_get_gbps"], result["memcpy_gbps"]),
-        "dram_put_over_memcpy_to_shm": r(result["dram_put_gbps"], result["memcpy_to_shm_gbps"]),
-        "memcpy_to_shm_over_memcpy": r(result["memcpy_to_shm_gbps"], result["memcpy_gbps"]),
-        "torch_copy_cpu_over_memcpy_cpu": r(result["torch_copy_cpu_gbps"], result["memcpy_cpu_gbps"]),
-        "copy_hash_cpu_over_memcpy_cpu": r(result["copy_hash_cpu_gbps"], result["memcpy_cpu_gbps"]),
-        "copy_hash_python_cpu_over_memcpy_cpu": r(
-            result["copy_hash_python_cpu_gbps"], result["memcpy_cpu_gbps"]
-        ),
-        "dram_put_cpu_over_memcpy_to_shm_cpu": r(
-            result["dram_put_cpu_gbps"], result["memcpy_to_shm_cpu_gbps"]
-        ),
-        "dram_get_cpu_over_memcpy_cpu": r(result["dram_get_cpu_gbps"], result["memcpy_cpu_gbps"]),
-        "dram_unchecked_get_cpu_over_memcpy_cpu": r(
-            result["dram_unchecked_get_cpu_gbps"], result["memcpy_cpu_gbps"]
-        ),
-        "nvme_read_over_file_read": r(result["nvme_get_gbps"], result["file_read_gbps"]),
-        "nvme_write_over_file_write": r(result["nvme_put_gbps"], result["file_write_gbps"]),
-        "nvme_read_over_direct_read": r(result["nvme_get_gbps"], result["direct_read_gbps"]),
-        "nvme_write_over_direct_write": r(result["nvme_put_gbps"], result["direct_write_gbps"]),
-        "nvme_write_over_direct_fresh_write": r(result["nvme_put_gbps"], result["direct_fresh_write_gbps"]),
-        "nvme_full_read_over_direct_read": r(result["nvme_full_get_gbps"], result["direct_read_gbps"]),
-        "nvme_full_write_over_direct_write": r(result["nvme_full_put_gbps"], result["direct_write_gbps"]),
-    }
+    out = {name: r(result[f"{of}_gbps"], result[f"{to}_gbps"]) for name, of, to in RATIOS}
     for name, times in result["ttft_s"].items():
         for tier in ("hbm", "dram", "nvme"):
             out[f"ttft_{name}_cold_over_{tier}"] = r(times["cold"], times[tier])
@@ -189,11 +199,14 @@ def summary(result: dict[str, Any]) -> str:
     checks = result["policy_checks"]
     return (
         f"dram put/get {q['dram_put_over_memcpy']}x/{q['dram_get_over_memcpy']}x memcpy "
-        f"({result['copy_path']} copy and checksum), "
+        f"({result['copy_path']} copy and checksum; per CPU-second "
+        f"{q['dram_put_cpu_over_memcpy_to_shm_cpu']}x/{q['dram_get_cpu_over_memcpy_cpu']}x), "
         f"nvme read/write {q['nvme_read_over_file_read']}x/{q['nvme_write_over_file_write']}x file I/O "
         f"({q['nvme_read_over_direct_read']}x/{q['nvme_write_over_direct_write']}x direct I/O, "
         f"write {q['nvme_write_over_direct_fresh_write']}x of direct writes into fresh extents; "
-        f"a full tier {q['nvme_full_read_over_direct_read']}x/{q['nvme_full_write_over_direct_write']}x), "
+        f"a full tier {q['nvme_full_read_over_direct_read']}x/{q['nvme_full_write_over_direct_write']}x; "
+        f"{q['nvme_full_read_over_staged_direct_read']}x/{q['nvme_full_write_over_staged_direct_write']}x "
+        "of direct I/O through a staging copy), "
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
         f"at 5k blocks (conversation)"

@@ -268,8 +268,11 @@ class CpuMeter:
     def read(self, prefix: str) -> dict[str, float]:
         at, busy, server = self.started
         core_seconds = max(time.monotonic() - at, 1e-9) * (os.cpu_count() or 1)
+        # The kernel counts in ticks (10 ms): over a short phase on a saturated machine the
+        # count can run a tick or two past the wall clock; a share is at most the whole machine.
+        share = min(1.0, (machine_busy_cpu_s() - busy) / core_seconds)
         return {
-            f"{prefix}_machine_busy": round((machine_busy_cpu_s() - busy) / core_seconds, 3),
+            f"{prefix}_machine_busy": round(share, 3),
             f"{prefix}_apiserver_cpu_s": round(cpu_seconds(self.apiserver) - server, 2),
         }
 

@@ -9,7 +9,10 @@ machine hits all of them alike.
   (``memcpy_to_shm``: what writing shared memory costs here); ``torch_copy`` is torch's
   ``copy_`` of the same blocks, for reference; ``copy_hash`` the client's fused copy and
   checksum alone (the compiled routine where it built: ``copy_path`` in the JSON says which ran)
-  and ``copy_hash_python`` its Python fallback, side by side. A put hashes every block along its copy and
+  and ``copy_hash_python`` its Python fallback, side by side; ``copy_hash_stream_to_shm`` the
+  fused routine as a save runs it, into shared memory with non-temporal stores (glibc's
+  ``memmove`` of a 2 MiB block uses cached stores, which read every destination line from
+  memory before writing it). A put hashes every block along its copy and
   hands the sidecar the checksums (nothing is left for its sealer). A get reads the chain put
   a repeat earlier: ``dram_get`` checks every block against its checksum as it copies (the
   default); ``dram_unchecked_get`` is a sidecar with ``dram.verify_reads: false``. DRAM holds
@@ -47,7 +50,13 @@ import torch
 
 from bench.kvtier_sidecar import config, drop_page_cache, refs, sidecar
 from strata.worker.kvtier.arena import SlotArena
-from strata.worker.kvtier.blockcopy import copy_hashing_all, copy_hashing_python, flat_bytes, host_copy
+from strata.worker.kvtier.blockcopy import (
+    copy_hashing_addresses,
+    copy_hashing_all,
+    copy_hashing_python,
+    flat_bytes,
+    host_copy,
+)
 from strata.worker.kvtier.client import TierClient
 
 BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
@@ -123,6 +132,7 @@ def bandwidth(root: Path) -> dict[str, Any]:
         passes |= tier_passes("dram", dram, blocks, out, None)  # DRAM: no file to drop
         passes |= tier_passes("dram_unchecked", unchecked, blocks, out, None)
         passes |= file_passes(root, blocks, pool)
+        passes |= staged_passes(root, blocks, out, pool)
         passes |= tier_passes("nvme", nvme, blocks, out, data)
         passes |= tier_passes("nvme_full", full, blocks, out, full_data, fill=FULL_CHAINS + 1)
         result = interleaved(nbytes, passes, pids)
@@ -143,12 +153,14 @@ def copy_passes(
     client's fused copy and checksum (its path, and the Python fallback) without the tiers."""
     to_out = [(flat_bytes(o), flat_bytes(b)) for o, b in zip(out, blocks, strict=True)]
     to_shm = [(flat_bytes(s), flat_bytes(b)) for s, b in zip(shm, blocks, strict=True)]
+    streamed = [(d.data_ptr(), s.data_ptr(), d.numel()) for d, s in to_shm]
     return {
         "memcpy": lambda _: list(pool.map(lambda pair: host_copy(*pair), to_out)),
         "memcpy_1thread": lambda _: list(map(lambda pair: host_copy(*pair), to_out)),
         "memcpy_to_shm": lambda _: list(pool.map(lambda pair: host_copy(*pair), to_shm)),
         "torch_copy": lambda _: list(pool.map(lambda pair: pair[0].copy_(pair[1]), to_out)),
         "copy_hash": lambda _: copy_hashing_all(pool, to_out),
+        "copy_hash_stream_to_shm": lambda _: copy_hashing_addresses(pool, streamed, stream=True),
         "copy_hash_python": lambda _: list(pool.map(lambda pair: copy_hashing_python(*pair), to_out)),
     }
 
@@ -235,16 +247,51 @@ def file_passes(root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor
     targets = [memoryview(reads)[i * size : (i + 1) * size] for i in range(len(blocks))]
     passes: dict[str, Pass] = {}
     for mode, flags in (("file", 0), ("direct", os.O_DIRECT)):
-        path = root / f"plain-{mode}.dat"
-        with open(path, "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, size * len(blocks))
+        path = _preallocated(root / f"plain-{mode}.dat", size * len(blocks))
         passes[f"{mode}_write"] = _file_pass(path, flags, sources, pool, os.pwritev, size)
         passes[f"{mode}_read"] = _file_pass(path, flags, targets, pool, os.preadv, size)
-    fresh = root / "plain-direct-fresh.dat"
-    with open(fresh, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, REPEATS * size * len(blocks))
+    fresh = _preallocated(root / "plain-direct-fresh.dat", REPEATS * size * len(blocks))
     passes["direct_fresh_write"] = _file_pass(fresh, os.O_DIRECT, sources, pool, os.pwritev, size, True)
     return passes
+
+
+def staged_passes(
+    root: Path, blocks: list[torch.Tensor], out: list[torch.Tensor], pool: ThreadPoolExecutor
+) -> dict[str, Pass]:
+    """Direct file I/O through page-aligned staging buffers, as a plain program must do it when
+    its blocks live where the disk cannot reach them (a GPU's memory, another process's): each
+    I/O thread copies its block into its buffer by ``memmove`` and writes it, or reads it and
+    copies it out. The tier's NVMe path is this, with its checksums and protocol on top."""
+    size = blocks[0].numel() * blocks[0].element_size()
+    staging = mmap.mmap(-1, size * len(blocks))
+    whole = torch.frombuffer(staging, dtype=torch.uint8)
+    slots = [
+        (memoryview(staging)[i * size : (i + 1) * size], whole[i * size : (i + 1) * size])
+        for i in range(len(blocks))
+    ]
+    sources, targets = [flat_bytes(b) for b in blocks], [flat_bytes(o) for o in out]
+    path = _preallocated(root / "plain-staged.dat", size * len(blocks))
+
+    def write(fd: int, i: int, _: int) -> int:
+        host_copy(slots[i][1], sources[i])
+        return os.pwritev(fd, [slots[i][0]], i * size)
+
+    def read(fd: int, i: int, _: int) -> int:
+        done = os.preadv(fd, [slots[i][0]], i * size)
+        host_copy(targets[i], slots[i][1])
+        return done
+
+    count = len(blocks)
+    return {  # written before read, each repeat
+        "staged_direct_write": _io_pass(path, os.O_DIRECT, pool, write, count, size, writing=True),
+        "staged_direct_read": _io_pass(path, os.O_DIRECT, pool, read, count, size, writing=False),
+    }
+
+
+def _preallocated(path: Path, nbytes: int) -> Path:
+    with open(path, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, nbytes)
+    return path
 
 
 def _file_pass(
@@ -257,16 +304,32 @@ def _file_pass(
     fresh: bool = False,
 ) -> Pass:
     """One pass over ``path``: the same region every repeat, or (``fresh``) repeat r's own."""
-    writing = io is os.pwritev
+
+    def one(fd: int, i: int, repeat: int) -> int:
+        base = repeat * len(buffers) * size if fresh else 0
+        return io(fd, [buffers[i]], base + i * size)
+
+    return _io_pass(path, flags, pool, one, len(buffers), size, writing=io is os.pwritev)
+
+
+def _io_pass(
+    path: Path,
+    flags: int,
+    pool: ThreadPoolExecutor,
+    one: Callable[[int, int, int], int],
+    count: int,
+    size: int,
+    writing: bool,
+) -> Pass:
+    """A pass of ``count`` blocks of ``size`` bytes on the pool's threads, ``one(fd, i,
+    repeat)`` each; reads start with the file's pages dropped, writes end with an fsync."""
 
     def run(repeat: int) -> None:
         if not writing:
             drop_page_cache(path)
-        base = repeat * len(buffers) * size if fresh else 0
         fd = os.open(path, os.O_RDWR | flags)
         try:
-            done = pool.map(lambda i: io(fd, [buffers[i]], base + i * size), range(len(buffers)))
-            if any(n != size for n in done):
+            if any(n != size for n in pool.map(lambda i: one(fd, i, repeat), range(count))):
                 raise RuntimeError(f"kvtier bench: short {'write' if writing else 'read'} on {path}")
             if writing:
                 os.fsync(fd)
