@@ -51,7 +51,7 @@ def up(directory: Path) -> int:
     prometheus = observe.start_prometheus(detached, cluster, directory, operator_port)
     print(f"Prometheus {prometheus} (the chart's monitors, the rules; HTTP API: {prometheus}/api/v1/query)")
     step(f"6/7 one {PROMPT_TOKENS}-token prompt through the memory hierarchy, at {pod.name} ({pod.ip})")
-    rows = walk.walk(cluster, pod, PROMPT_TOKENS)
+    rows, pod = walk.walk(cluster, pod, PROMPT_TOKENS, lambda: platform.walk_pod(cluster))
     print("\n" + "\n".join(walk.table(rows)))
     _traffic_until_scraped(cluster, pod)
     print("\nafter a few seconds of repeated requests, the signals the operator scraped into its status:")
@@ -93,7 +93,7 @@ Strata is up ({elapsed_s:.0f} s). Still running: the control plane and its pod r
   export KUBECONFIG={kubeconfig}
   kubectl get inferenceservices -A          # or: kubectl get strata -A
   kubectl describe inferenceservice {platform.SERVICE} -n {platform.TENANT}
-  kubectl get pod {pod.name} -n {pod.namespace} -o wide     # RESTARTS: the walk's two crashes
+  kubectl get pod {pod.name} -n {pod.namespace} -o wide     # the walk's replacement pod
   curl -s {pod.api}/v1/completions -H 'content-type: application/json' \\
        -d '{{"model": "{pod.config.model.name}", "prompt": "Hello", "max_tokens": 16}}'
   curl -s {pod.api}/metrics | grep strata_worker_prefix

@@ -1,18 +1,20 @@
 """The demo's walk through the memory hierarchy, at the premium service's real pod.
 
-One long prompt, four times: cold; again (HBM); after the engine container crashed (SIGKILL to
+One long prompt, five times: cold; again (HBM); after the engine container crashed (SIGKILL to
 its process, found through the pod runtime's records) and the runtime restarted it by the pod's
-restartPolicy: HBM is gone, the native sidecar kept running, so the prefix comes from DRAM; then
-after engine and sidecar both crashed: DRAM is gone with the sidecar's index, the prefix comes
-from NVMe, whose index is on the node's NVMe volume and survives. Each row counts the prompt
-tokens each tier served (the worker's own counters)."""
+restartPolicy: HBM is gone, the native sidecar kept running, so the prefix comes from DRAM; after
+engine and sidecar both crashed: the DRAM tier's memory volume outlives its containers and the
+restarted sidecar recovers the blocks from its slot table, so the prefix still comes from DRAM;
+then after the pod was deleted and its StatefulSet made a new one: the memory volume went with
+the old pod, the prefix comes from NVMe, whose index is on the node's NVMe volume and survives.
+Each row counts the prompt tokens each tier served (the worker's own counters)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,8 @@ from strata.worker.config import WorkerConfig
 
 ENGINE, SIDECAR = "engine", "kvtier"
 # A bound, not a wait: a restarted engine imports torch and loads its model (a minute or more on
-# a loaded two-core machine); the second crash also waits out the runtime's 10 s back-off.
+# a loaded two-core machine); the second crash also waits out the runtime's 10 s back-off; a
+# replaced pod also waits out the old one's graceful stop.
 RESTART_S = 900.0
 # Write-through to NVMe runs in the background after the DRAM hit admits the blocks.
 COMMITTED_S = 120.0
@@ -70,6 +73,12 @@ def restarted_and_ready(pod: Mapping[str, Any], before: Mapping[str, int]) -> bo
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def replaced_and_ready(pods: Sequence[Mapping[str, Any]], old_uid: str) -> bool:
+    """A pod of the listed name is not the deleted one (another UID) and is Ready: the old pod
+    may still be listed, terminating, while its successor waits to be created."""
+    return any(p["metadata"]["uid"] != old_uid and restarted_and_ready(p, {}) for p in pods)
+
+
 def blocks_of(tokens: float, block_size: int) -> int:
     """Full blocks in ``tokens`` cached prompt tokens (only full blocks are cached)."""
     return int(tokens) // block_size
@@ -98,6 +107,23 @@ def _get(cluster: Cluster, pod: WalkPod) -> dict[str, Any]:
     return found
 
 
+def replace(cluster: Cluster, pod: WalkPod) -> float:
+    """Delete the pod, as a drained node or ``kubectl delete pod`` would, and wait until its
+    StatefulSet's new pod of the same name (a new UID) is Ready; the seconds that took."""
+    old_uid = _get(cluster, pod)["metadata"]["uid"]
+    started = time.monotonic()
+    delete = ("delete", "pod", pod.name, "-n", pod.namespace, "--wait=true", f"--timeout={RESTART_S:.0f}s")
+    cluster.kubectl(*delete, timeout_s=RESTART_S + 30)
+
+    def replaced() -> bool:
+        named = f"metadata.name={pod.name}"
+        found = cluster.kubectl_json("get", "pods", "-n", pod.namespace, "--field-selector", named)
+        return replaced_and_ready(found.get("items", []), old_uid)
+
+    stack.wait_for(replaced, RESTART_S, what=f"a new {pod.name} to be Ready", interval_s=1)
+    return time.monotonic() - started
+
+
 def wait_committed(pod: WalkPod, tokens: float) -> None:
     """Until the sidecar's NVMe index holds the blocks of ``tokens`` prompt tokens (committed:
     data synced, then the index record), so that a crash now cannot lose them."""
@@ -109,7 +135,10 @@ def wait_committed(pod: WalkPod, tokens: float) -> None:
     )
 
 
-def walk(cluster: Cluster, pod: WalkPod, prompt_tokens: int) -> list[Row]:
+def walk(
+    cluster: Cluster, pod: WalkPod, prompt_tokens: int, find_pod: Callable[[], WalkPod]
+) -> tuple[list[Row], WalkPod]:
+    """The walk's rows, and the pod it ends at (the replaced pod's successor, found by ``find_pod``)."""
     prompt = dataplane.long_prompt(prompt_tokens)
     rows: list[Row] = []
 
@@ -118,7 +147,7 @@ def walk(cluster: Cluster, pod: WalkPod, prompt_tokens: int) -> list[Row]:
         ttft = dataplane.time_to_first_token(pod.api, pod.config.model.name, prompt)
         after = dataplane.hit_tokens(pod.api)
         rows.append((label, ttft, {t: after[t] - before[t] for t in dataplane.TIERS}))
-        print(f"  {label:<44} TTFT {ttft:7.3f} s", flush=True)
+        print(f"  {label:<46} TTFT {ttft:6.3f} s", flush=True)
         return rows[-1][2]
 
     measure("cold (nothing cached)")
@@ -131,8 +160,13 @@ def walk(cluster: Cluster, pod: WalkPod, prompt_tokens: int) -> list[Row]:
     print(f"  SIGKILL to {pod.name}'s {SIDECAR} and {ENGINE} processes ...", flush=True)
     took = crash(cluster, pod, [SIDECAR, ENGINE])
     print(f"  ... the pod runtime restarted both; Ready again after {took:.0f} s", flush=True)
-    measure("both crashed: DRAM empty, prefix on NVMe")
-    return rows
+    measure("both crashed: DRAM recovered, prefix in DRAM")
+    print(f"  kubectl delete pod {pod.name} ...", flush=True)
+    took = replace(cluster, pod)
+    pod = find_pod()
+    print(f"  ... its StatefulSet made a new {pod.name} ({pod.ip}); Ready after {took:.0f} s", flush=True)
+    measure("pod replaced: DRAM gone, prefix on NVMe")
+    return rows, pod
 
 
 def table(rows: Sequence[Row]) -> list[str]:

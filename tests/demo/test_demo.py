@@ -56,14 +56,17 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
         assert re.search(r"kvtier\s+pid \d+: strata kvtier serve", up.stdout), up.stdout
         assert re.search(r"engine\s+pid \d+: strata worker serve", up.stdout), up.stdout
         # Each request of the walk was served by the tier it names, and by no other (token counts
-        # from the worker's /metrics): the DRAM row after the engine's crash, the NVMe row after
-        # engine and sidecar crashed, each restarted by the pod runtime.
+        # from the worker's /metrics): DRAM after the engine's crash, DRAM again after engine and
+        # sidecar crashed (each restarted by the pod runtime; the sidecar recovered its slot
+        # table), NVMe after the pod was deleted and its StatefulSet made a new one.
         table = up.stdout[up.stdout.index("prompt tokens served from") :]
         assert re.search(r"cold \(nothing cached\).*none \(recomputed\)", table)
         served = r"\s+[\d.]+\s+[\d.]+x\s+"
         assert re.search(rf"prefix in HBM{served}hbm 3984$", table, re.M), table
         assert re.search(rf"engine crashed: HBM empty, prefix in DRAM{served}dram 3984$", table, re.M), table
-        assert re.search(rf"both crashed: DRAM empty, prefix on NVMe{served}nvme 3984$", table, re.M), table
+        recovered = "both crashed: DRAM recovered, prefix in DRAM"
+        assert re.search(rf"{recovered}{served}dram 3984$", table, re.M), table
+        assert re.search(rf"pod replaced: DRAM gone, prefix on NVMe{served}nvme 3984$", table, re.M), table
         # The operator's autoscaler scraped the real worker into the service's status.
         assert re.search(r"ttftP95Ms: \d", up.stdout) and re.search(r"hbm: 0\.9\d*", up.stdout), up.stdout
         _check_the_scaling_act(up.stdout)

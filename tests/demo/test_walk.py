@@ -1,12 +1,13 @@
-"""The walk-through's decisions, without a cluster: when a crashed pod counts as back, what the
-metrics say per tier, the table, the volumes as shown, and what the walk's pod asks of the node."""
+"""The walk-through's decisions, without a cluster: when a crashed or replaced pod counts as
+back, what the metrics say per tier, the table, the volumes as shown, and what the walk's pod
+asks of the node."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from strata.demo import dataplane, platform
-from strata.demo.walk import blocks_of, restart_counts, restarted_and_ready, table
+from strata.demo.walk import blocks_of, replaced_and_ready, restart_counts, restarted_and_ready, table
 
 
 def pod(engine: tuple[int, bool], kvtier: tuple[int, bool], pod_ready: bool) -> dict[str, Any]:
@@ -40,6 +41,16 @@ def test_both_containers_must_have_restarted() -> None:
     assert not restarted_and_ready(pod((2, True), (0, True), True), before)
     assert not restarted_and_ready(pod((1, True), (1, True), True), before)
     assert restarted_and_ready(pod((2, True), (1, True), True), before)
+
+
+def test_a_replaced_pod_is_back_once_a_new_uid_is_ready() -> None:
+    def named(uid: str, ready: bool) -> dict[str, Any]:
+        return {"metadata": {"uid": uid}, **pod((0, ready), (0, ready), ready)}
+
+    assert not replaced_and_ready([], "old")  # deleted, its successor not created yet
+    assert not replaced_and_ready([named("old", True)], "old")  # still terminating
+    assert not replaced_and_ready([named("new", False)], "old")  # created, not Ready yet
+    assert replaced_and_ready([named("new", True)], "old")
 
 
 def test_only_full_blocks_are_counted() -> None:
