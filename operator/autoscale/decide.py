@@ -275,6 +275,24 @@ def prefill_busy(current: int, seen: Observation) -> float | None:
     return seen.prefill_utilization * current if seen.prefill_utilization is not None else None
 
 
+def record_decision(
+    history: History, now: float, current: int, seen: Observation, policy: Policy, decision: Decision
+) -> None:
+    """What ``history`` keeps of an interval decided from ``current`` replicas: one call for the
+    operator's loop and the simulator's policy, so that both remember the same."""
+    history.record(
+        now,
+        decision.recommendation,
+        seen.had_traffic,
+        policy.keep_s,
+        prefill_busy(current, seen),
+        seen.ttft_p95_ms,
+        decision.queued,
+        decision.down_to(current),
+        seen.requests_waiting,
+    )
+
+
 def _utilization(current: int, seen: Observation, history: History, now: float) -> float | None:
     """The mean load over the window (what was recorded, and this interval's) over the current
     replicas: the utilization they would have under it."""

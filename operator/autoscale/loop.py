@@ -41,7 +41,7 @@ from strata.operator.autoscale.decide import (
     Observation,
     Policy,
     decide,
-    prefill_busy,
+    record_decision,
 )
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.autoscale.peering import is_active
@@ -358,18 +358,7 @@ class Autoscaler:
         held = await wake.held_requests(self, isvc) if ready == 0 and current > 0 else 0.0
         seen = Observation.of(agg, ready_replicas=ready, requests_held=held)
         decision = decide(current, seen, policy, history, now)
-        busy = prefill_busy(current, seen)
-        history.record(
-            now,
-            decision.recommendation,
-            seen.had_traffic,
-            policy.keep_s,
-            busy,
-            seen.ttft_p95_ms,
-            decision.queued,
-            decision.down_to(current),
-            seen.requests_waiting,
-        )
+        record_decision(history, now, current, seen, policy, decision)
         if decision.changes(current):
             await self._apply(isvc, current, decision)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strata.operator.autoscale.decide import History, Observation, Policy, decide, prefill_busy
+from strata.operator.autoscale.decide import History, Observation, Policy, decide, record_decision
 from strata.operator.autoscale.signals import Scrape, aggregate
 from strata.operator.autoscale.wake import wake_to
 from strata.operator.settings import OperatorSettings
@@ -46,17 +46,7 @@ class Builtin:
         if held:  # requests held at the router are traffic
             seen = replace(seen, had_traffic=True)
         decision = decide(view.desired, seen, self.policy, history, view.now)
-        history.record(
-            view.now,
-            decision.recommendation,
-            seen.had_traffic,
-            self.policy.keep_s,
-            prefill_busy(view.desired, seen),
-            seen.ttft_p95_ms,
-            decision.queued,
-            decision.down_to(view.desired),
-            seen.requests_waiting,
-        )
+        record_decision(history, view.now, view.desired, seen, self.policy, decision)
         return Verdict(decision.replicas, decision.reason)
 
     def _wake(self, view: View, held: float) -> Verdict | None:
