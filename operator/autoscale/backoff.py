@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from strata.operator.backoff import Backoff
+
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 120.0
 # Consecutive failures after which a pod's endpoint is reported (once, until it recovers).
@@ -50,8 +52,9 @@ class ScrapeBackoff:
         return self._failures.get(pod, 0)
 
     def delay_s(self, failures: int) -> float:
-        """How long after its ``failures``-th failure in a row a pod waits."""
-        return min(self.cap_s, self.base_s * 2.0 ** (max(1, failures) - 1))
+        """How long after its ``failures``-th failure in a row a pod waits: the API retries'
+        doubling schedule, at its ceiling (no jitter: scrapes run only at the loop's ticks anyway)."""
+        return Backoff(self.base_s, self.cap_s).ceiling(max(1, failures) - 1)
 
     def forget(self, keep: set[str]) -> None:
         """Drop pods no longer Ready anywhere (deleted, or not Ready: they come back fresh)."""
