@@ -157,7 +157,9 @@ def test_the_next_part_of_a_load_is_read_before_the_client_asks_for_it(root, sta
         with done:  # no second get was sent, and the second part is read all the same
             assert done.wait_for(lambda: len(reads) == 2, WAIT_S), reads
         second = call(conn, {"op": "get", "keys": hexes(range(48, 96))})["slots"]
-        assert (len(first), len(second), reads) == (48, 24, [48, 24])
+        # Answered from the read-ahead: no read of its own. The third part's read-ahead starts
+        # once this answer is sent, so it may already be in ``reads`` (all three checked below).
+        assert (len(first), len(second), reads[:2]) == (48, 24, [48, 24])
         assert not set(first) & set(second)
         call(conn, {"op": "release", "slots": first + second})
         # The third part was read ahead too; the client asks for something else instead.
