@@ -18,7 +18,9 @@ not hold (``admits``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Protocol
 
 from strata.worker.kvtier import policy
@@ -31,6 +33,7 @@ COUNTER_MAX = 15  # 4-bit counters, as in TinyLFU: enough to tell once from ofte
 DOORKEEPER_WINDOW = 16
 SHADOW_BLOCKS = 2048  # shadow tiers are sampled down to about this many blocks
 SCORE_HORIZON = 10  # ghost hits are weighed over about this many times the capacity in sightings
+EXPORT_SLICE = 1 << 22  # bytes of counters copied per hold of the GIL when exporting
 _HALVE = bytes(v >> 1 for v in range(256))
 
 
@@ -90,6 +93,39 @@ class FrequencySketch:
             self._added //= 2
         return low
 
+    def export(self) -> tuple[bytearray, int]:
+        """A copy of the counters, and the sightings since the last halving. Safe while other
+        threads count: it copies a slice at a time (``EXPORT_SLICE``), letting them run in
+        between (a 2 TiB tier's sketch is 128 MiB), so counters that change meanwhile are taken
+        before or after, within what a sketch approximates anyway; a halving replaces the table
+        whole, so every slice comes from one table."""
+        table, added = self._table, self._added
+        copy = bytearray(len(table))
+        with memoryview(table) as view:
+            for start in range(0, len(table), EXPORT_SLICE):
+                copy[start : start + EXPORT_SLICE] = view[start : start + EXPORT_SLICE]
+        return copy, added
+
+    def restore(self, table: bytes | bytearray, added: int) -> None:
+        """Counters ``export`` gave, of a sketch of the same ``sample_size``."""
+        if len(table) != len(self._table) or not 0 <= added < self.sample_size:
+            raise ValueError(f"sketch: {len(table)} counters, {added} added; expected {len(self._table)}")
+        self._table = bytearray(table)
+        self._added = added
+
+
+@dataclass(frozen=True)
+class Learnt:
+    """What an admission policy has learnt from the sightings so far, worth keeping across a
+    restart (``sightings``): its sketch's counters and, for adaptive, which rule has been
+    winning (``score``). Adaptive's shadow tiers are not kept: refilled from scratch they agree
+    with the kept score again within the trace replays' first requests."""
+
+    sample_size: int
+    table: bytes | bytearray
+    added: int
+    score: float = 0.0
+
 
 class Admission(Protocol):
     def record_hit(self, key: Key, parent: Key | None) -> None:
@@ -100,6 +136,14 @@ class Admission(Protocol):
         """A requested block the tier does not hold: may it enter?"""
         ...
 
+    def learnt(self) -> Learnt | None:
+        """What to keep across a restart; None: nothing (``always``)."""
+        ...
+
+    def restore(self, learnt: Learnt) -> None:
+        """Take back what ``learnt`` gave; ValueError when it does not fit this policy."""
+        ...
+
 
 class Always:
     def record_hit(self, key: Key, parent: Key | None) -> None:
@@ -107,6 +151,12 @@ class Always:
 
     def admits(self, key: Key, parent: Key | None) -> bool:
         return True
+
+    def learnt(self) -> Learnt | None:
+        return None
+
+    def restore(self, learnt: Learnt) -> None:
+        raise ValueError("always: learns nothing")
 
 
 class Doorkeeper:
@@ -120,6 +170,17 @@ class Doorkeeper:
 
     def admits(self, key: Key, parent: Key | None) -> bool:
         return self.sketch.increment(key) > 0
+
+    def learnt(self) -> Learnt:
+        table, added = self.sketch.export()
+        return Learnt(self.sketch.sample_size, table, added)
+
+    def restore(self, learnt: Learnt) -> None:
+        if learnt.sample_size != self.sketch.sample_size:
+            raise ValueError(
+                f"sketch: {learnt.sample_size} sightings per halving, expected {self.sketch.sample_size}"
+            )
+        self.sketch.restore(learnt.table, learnt.added)
 
 
 class Shadow:
@@ -186,6 +247,16 @@ class Adaptive:
         self._shadow(key, parent)
         seen = self.gate.admits(key, parent)
         return seen or not self.using_doorkeeper
+
+    def learnt(self) -> Learnt:
+        gate = self.gate.learnt()
+        return Learnt(gate.sample_size, gate.table, gate.added, self.score)
+
+    def restore(self, learnt: Learnt) -> None:
+        if math.isnan(learnt.score) or math.isinf(learnt.score):
+            raise ValueError(f"score: {learnt.score} is not a finite number")
+        self.gate.restore(learnt)
+        self.score = learnt.score
 
 
 def make_admission(name: str, capacity: int, eviction: str) -> Admission:

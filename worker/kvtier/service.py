@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTierConfig
@@ -29,6 +30,7 @@ from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.recovery import Found, Recovery, open_table
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
+from strata.worker.kvtier.sightings import Keeper, Place, open_places
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 from strata.worker.kvtier.writedown import WritePlan
 
@@ -97,6 +99,8 @@ class KVTierService:
         self._demoter: Demoter | None = None  # write-back with a lower tier: keeps DRAM slots free
         self._sealer: Sealer | None = None  # checksums of saved DRAM blocks, off the engine's path
         self._recovery: Recovery | None = None  # DRAM blocks a restart found, being verified
+        self._keeper: Keeper | None = None  # saves what the admission policies learnt
+        self._admission_state: dict[str, str] = {}  # per tier: restored at start, or why not
         self._found = Found()  # what the DRAM slot table held at start
         self._pinned: set[bytes] = set()  # shared with the mover; pins may precede a block
         # Blocks a prefetch promoted to DRAM, by the tier they came from: a lookup reports that
@@ -160,8 +164,28 @@ class KVTierService:
                 tier.index.watch(self.events, name)
         if self._found.records:
             self._recovery = Recovery(self._lock, self._mover, self._found)
+        self._keeper, self._admission_state = open_places(self._admission_places())
         self._publish_capacity()
         log.info("kvtier: dram %d, nvme %d slots of %d bytes", dram_slots, nvme_slots, self.slot_bytes)
+
+    def _admission_places(self) -> list[Place]:
+        """Each tier whose admission policy may keep what it learnt (``sightings``)."""
+        cfg, places = self.config, []
+        if self.dram is not None and self.dram.capacity:
+            path = Path(f"{self.dram.arena.path}.admission")
+            admission = self.dram.index.admission
+            places.append(Place("dram", cfg.dram.admission, admission, path, cfg.dram.persistent))
+        if self.nvme is not None:
+            path = Path(cfg.nvme.path) / "admission.bin"
+            admission = self.nvme.index.admission
+            places.append(Place("nvme", cfg.nvme.admission, admission, path, cfg.nvme.persistent))
+        return places
+
+    def save_admission_state(self) -> None:
+        """Save what the admission policies learnt now (also every ``SAVE_EVERY_S``, and at
+        ``close``)."""
+        if self._keeper is not None:
+            self._keeper.save()
 
     def _publish_capacity(self) -> None:
         m = self.metrics
@@ -611,6 +635,7 @@ class KVTierService:
                 "pinned": len(self._pinned),
                 "unsealed": unsealed,
                 "recovery": self._found.stats(self._recovery.pending if self._recovery else 0),
+                "admission_state": dict(self._admission_state),
             }
 
     def close(self) -> None:
@@ -618,7 +643,7 @@ class KVTierService:
         with self._lock:
             self._closed = True  # no put is queued after this: the committer can drain
         self._committer.shutdown(wait=True)
-        for worker in (self._demoter, self._sealer, self._recovery):
+        for worker in (self._demoter, self._sealer, self._recovery, self._keeper):
             if worker is not None:
                 worker.stop()
         self._background.shutdown(wait=True)

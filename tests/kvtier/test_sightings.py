@@ -1,0 +1,222 @@
+"""What the admission policies learnt survives a sidecar restart: the sketch's export and
+restore, the file's format and the checks that make a changed or damaged one start fresh, the
+service saving and restoring it, and the replayed trace showing why it matters."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from strata.worker.kvtier import admission, sightings, simulate
+from strata.worker.kvtier.admission import Adaptive, Doorkeeper, FrequencySketch, Learnt
+from strata.worker.kvtier.service import Owner
+
+from .conftest import TRACES
+from .test_service import make
+
+
+def key(n: int) -> bytes:
+    """A block hash as the engine makes them: the sketch hashes a key's first 8 bytes, which
+    test_service's small-integer keys leave all zero."""
+    return hashlib.blake2b(n.to_bytes(8, "big"), digest_size=16).digest()
+
+
+DOORKEEPER: dict[str, Any] = {"dram": {"admission": "doorkeeper"}, "nvme": {"capacity_bytes": 0}}
+
+
+# ---- pure: the sketch and the file ----
+
+
+def test_sketch_export_restores_every_estimate_and_refuses_another_size():
+    sketch = FrequencySketch(64)
+    for n in [1, 2, 2, 3, 3, 3, *range(100, 150)]:
+        sketch.increment(n)
+    table, added = sketch.export()
+    copy = FrequencySketch(64)
+    copy.restore(table, added)
+    assert [copy.estimate(n) for n in range(200)] == [sketch.estimate(n) for n in range(200)]
+    assert copy.export() == (table, added)
+    with pytest.raises(ValueError, match="counters"):
+        FrequencySketch(4096).restore(table, added)
+
+
+def test_adaptive_keeps_its_gate_and_score_not_its_shadows():
+    learnt_by = Adaptive(4096, "prefix-aware")
+    for n in range(50):
+        learnt_by.admits(n, None)
+    learnt_by.score = 7.5
+    fresh = Adaptive(4096, "prefix-aware")
+    fresh.restore(learnt_by.learnt())
+    assert fresh.score == 7.5 and fresh.using_doorkeeper
+    assert fresh.gate.sketch.export() == learnt_by.gate.sketch.export()
+    assert not fresh.always.keys  # the shadows refill from scratch
+    with pytest.raises(ValueError, match="finite"):
+        fresh.restore(Learnt(fresh.gate.sketch.sample_size, b"", 0, float("nan")))
+
+
+def test_file_round_trips_and_says_why_it_is_not_used():
+    door = Doorkeeper(100)
+    door.admits(key(1), None)
+    data = sightings.encode("doorkeeper", door.learnt())
+    assert sightings.decode(data, "doorkeeper") == door.learnt()
+    with pytest.raises(ValueError, match="policy changed: doorkeeper -> adaptive"):
+        sightings.decode(data, "adaptive")
+    with pytest.raises(ValueError, match="shorter than"):
+        sightings.decode(data[:10], "doorkeeper")
+    with pytest.raises(ValueError, match="not an admission state"):
+        sightings.decode(b"X" * len(data), "doorkeeper")
+    for at in (sightings.HEADER.size, len(data) - 1):  # a counter changed, or the file cut short
+        damaged = bytearray(data)
+        damaged[at] ^= 1
+        with pytest.raises(ValueError, match="damaged"):
+            sightings.decode(bytes(damaged), "doorkeeper")
+        with pytest.raises(ValueError, match="damaged"):
+            sightings.decode(data[:at], "doorkeeper")
+
+
+def test_a_place_restores_only_what_fits_and_never_raises(tmp_path):
+    path = tmp_path / "kv.admission"
+    place = sightings.Place("dram", "doorkeeper", Doorkeeper(100), path)
+    assert place.restore() == "no saved state"
+    place.save(Doorkeeper(200).learnt())  # the tier's capacity changed since
+    assert place.restore() == "sketch: 3200 sightings per halving, expected 1600"
+    path.write_bytes(b"garbage")
+    assert place.restore() == "7 bytes: shorter than the 72-byte header"
+    assert place.admission.admits(key(1), None) is False  # fresh: a first sighting
+
+
+# ---- the service ----
+
+
+def test_a_restarted_sidecar_admits_a_block_on_its_second_sighting_across_the_restart(root):
+    service = make(root, **DOORKEEPER)
+    assert service.stats()["admission_state"] == {"dram": "no saved state"}
+    assert service.reserve(Owner(), [key(1)]) == [None]  # first sighting: refused
+    service.close()  # a clean stop saves
+    again = make(root, **DOORKEEPER)
+    try:
+        assert again.stats()["admission_state"] == {"dram": "restored"}
+        slots = again.reserve(Owner(), [key(1), key(2)])
+        assert slots[0] is not None and not again.is_staging(slots[0])  # second sighting: a DRAM slot
+        assert slots[1] is None  # a block never seen before is still refused
+    finally:
+        again.close()
+
+
+def test_state_is_saved_while_serving_so_a_crash_keeps_it(root):
+    service = make(root, **DOORKEEPER)
+    try:
+        service.reserve(Owner(), [key(1)])
+        service.save_admission_state()  # what the keeper's thread does every SAVE_EVERY_S
+        saved = (root / "shm" / "kv.admission").read_bytes()
+    finally:
+        service.close()
+    (root / "shm" / "kv.admission").write_bytes(saved)  # as a killed sidecar would have left it
+    again = make(root, **DOORKEEPER)
+    try:
+        assert again.reserve(Owner(), [key(1)])[0] is not None
+    finally:
+        again.close()
+
+
+def test_the_keepers_thread_saves_on_its_own(root):
+    saved = threading.Event()
+    places = [sightings.Place("dram", "doorkeeper", Doorkeeper(10), root / "a.admission")]
+    keeper, outcome = sightings.open_places(places, every_s=0.05)
+    assert outcome == {"dram": "no saved state"} and keeper is not None
+    try:
+        for _ in range(600):  # bounded: up to a minute on a loaded machine
+            if places[0].path.exists():
+                saved.set()
+                break
+            threading.Event().wait(0.1)
+        assert saved.is_set(), "the keeper never saved in 60 s"
+    finally:
+        keeper.stop()
+
+
+def test_a_failing_save_is_logged_once_and_its_end_too(tmp_path, monkeypatch, caplog):
+    place = sightings.Place("nvme", "doorkeeper", Doorkeeper(10), tmp_path / "admission.bin")
+    keeper, _ = sightings.open_places([place], every_s=3600)
+    assert keeper is not None
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def no_room(self: sightings.Place, learnt: Learnt) -> None:
+        raise full
+
+    try:
+        with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.sightings"):
+            monkeypatch.setattr(sightings.Place, "save", no_room)
+            keeper.save()
+            keeper.save()
+            monkeypatch.undo()
+            keeper.save()
+        said = [r.getMessage() for r in caplog.records if r.name.endswith("sightings")]
+        assert said[-2:] == [
+            "nvme: admission state not saved: [Errno 28] No space left on device",
+            "nvme: admission state saved again",
+        ]
+        assert sum("not saved" in line for line in said) == 1
+        assert place.path.exists()
+    finally:
+        keeper.stop()
+
+
+def test_a_tier_that_does_not_survive_a_restart_keeps_nothing(root, caplog):
+    leftover = root / "nvme"
+    leftover.mkdir()
+    (leftover / "admission.bin").write_bytes(b"from an older run")
+    overrides: dict[str, Any] = {
+        "dram": {"admission": "adaptive", "persistent": False},
+        "nvme": {"admission": "doorkeeper", "persistent": False},
+    }
+    service = make(root, **overrides)
+    try:
+        assert service.stats()["admission_state"] == {"dram": "not kept", "nvme": "not kept"}
+        assert not (leftover / "admission.bin").exists()
+    finally:
+        service.close()
+    assert not (root / "shm" / "kv.admission").exists()
+
+
+def test_a_changed_policy_starts_fresh_and_says_so(root, caplog):
+    make(root, **DOORKEEPER).close()
+    with caplog.at_level(logging.WARNING, logger="strata.worker.kvtier.sightings"):
+        service = make(root, dram={"admission": "adaptive"}, nvme={"capacity_bytes": 0})
+    try:
+        assert service.stats()["admission_state"] == {"dram": "policy changed: doorkeeper -> adaptive"}
+        assert "admission state policy changed" in caplog.text
+    finally:
+        service.close()
+
+
+# ---- why: the conversation trace with a restart in the middle ----
+
+
+def replay_with_restart(trace: list[list[int]], restart: int, keep: bool | None) -> float:
+    """Hit ratio after request ``restart`` of an adaptive 1k-block tier: never restarted
+    (``keep`` None), or restarted there with its saved state (True) or without (False)."""
+    cache = simulate.Cache(1000, "prefix-aware", "adaptive")
+    for chain in trace[:restart]:
+        cache.request(chain)
+    if keep is not None:
+        learnt = cache.index.admission.learnt()
+        assert learnt is not None
+        cache.index.admission = admission.make_admission("adaptive", 1000, "prefix-aware")
+        if keep:
+            cache.index.admission.restore(sightings.decode(sightings.encode("adaptive", learnt), "adaptive"))
+    after = trace[restart:]
+    return sum(cache.request(chain) for chain in after) / sum(len(chain) for chain in after)
+
+
+@pytest.mark.skipif(not (TRACES / "mooncake_conversation.jsonl").exists(), reason="no traces")
+def test_adaptive_restarted_with_its_state_hits_as_if_never_restarted():
+    trace = simulate.load_trace(TRACES / "mooncake_conversation.jsonl")[:4000]
+    never, kept, lost = (replay_with_restart(trace, 2500, keep) for keep in (None, True, False))
+    assert kept == never
+    assert lost < 0.95 * never, (lost, never)  # 0.068 against 0.076

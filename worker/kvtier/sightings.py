@@ -1,0 +1,187 @@
+"""What each tier's admission policy has learnt, kept in a file beside the tier's blocks, so a
+restarted sidecar admits as it did before the restart.
+
+Why: a restarted ``adaptive`` policy starts from a score of 0 (``always``) with empty shadow
+tiers, and takes thousands of requests to find its way back to the doorkeeper. Replaying the
+conversation trace with a 5k-block tier restarted after request 6,000, the next 1,000
+requests hit 0.101 against 0.176 without the restart, and the rest of the trace 0.157 against
+0.179. Keeping the doorkeeper's sketch and the score gives back exactly the unrestarted
+figures (docs/kvtier.md, "Restarts: what survives").
+
+Where: ``<dram.shm_path>.admission`` for DRAM (the pod's memory-backed volume, beside the slot
+table) and ``<nvme.path>/admission.bin`` for NVMe; only for a tier that survives a restart
+(``persistent``), otherwise the file is removed so no later run trusts it.
+
+When: every ``SAVE_EVERY_S`` (a background thread) and at a clean stop, written to a
+temporary name, synced and renamed into place, so a crash leaves the previous file whole. A
+file is used only when its policy and sketch size are the configured ones and its checksum
+holds; anything else starts fresh, with the reason in the log and in ``stats``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from strata.worker.kvtier.admission import Admission, Learnt
+from strata.worker.kvtier.background import Loop
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"STRATA-ADMIT-v1\0"  # the last byte before the NUL names the format's version
+HEADER = struct.Struct("<16s16sQQdQQ")  # magic, policy, sample size, added, score, length, xxh3
+SAVE_EVERY_S = 30.0  # a crash loses at most this much learning; a save costs milliseconds
+
+
+def header(policy: str, learnt: Learnt) -> bytes:
+    """The file's first ``HEADER.size`` bytes; the counters follow."""
+    return HEADER.pack(
+        MAGIC,
+        policy.encode(),
+        learnt.sample_size,
+        learnt.added,
+        learnt.score,
+        len(learnt.table),
+        xxhash.xxh3_64_intdigest(learnt.table),
+    )
+
+
+def encode(policy: str, learnt: Learnt) -> bytes:
+    return header(policy, learnt) + learnt.table
+
+
+def decode(data: bytes, policy: str) -> Learnt:
+    """The state ``encode`` wrote for ``policy``; ValueError saying what does not fit."""
+    if len(data) < HEADER.size:
+        raise ValueError(f"{len(data)} bytes: shorter than the {HEADER.size}-byte header")
+    magic, name, sample_size, added, score, length, digest = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError("not an admission state of this format")
+    saved = name.rstrip(b"\0").decode(errors="replace")
+    if saved != policy:
+        raise ValueError(f"policy changed: {saved} -> {policy}")
+    table = data[HEADER.size :]
+    if len(table) != length or xxhash.xxh3_64_intdigest(table) != digest or not math.isfinite(score):
+        raise ValueError("damaged: its checksum does not match")
+    return Learnt(sample_size, table, added, score)
+
+
+@dataclass
+class Place:
+    """One tier's admission policy and the file its state is kept in."""
+
+    tier: str
+    policy: str
+    admission: Admission
+    path: Path
+    persistent: bool = True  # the tier's blocks survive a restart: so may what admitted them
+
+    def restore(self) -> str:
+        """Takes the saved state back: ``restored``, or why not."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return "no saved state"
+        except OSError as err:
+            return f"unreadable: {err}"
+        try:
+            self.admission.restore(decode(data, self.policy))
+        except ValueError as err:
+            return str(err)
+        return "restored"
+
+    def save(self, learnt: Learnt) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as out:
+            out.write(header(self.policy, learnt))
+            out.write(learnt.table)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path)
+
+
+class Keeper:
+    """Saves every place's state each ``every_s`` and once more at ``stop``, without the
+    service's lock: the counters are copied a slice at a time while requests go on
+    (``FrequencySketch.export``), a few milliseconds per 16 MiB of them (the sketch of a DRAM
+    tier of 128k blocks)."""
+
+    def __init__(self, places: list[Place], every_s: float) -> None:
+        self.places = places
+        self._failing: set[str] = set()  # tiers whose last save failed
+        self._saving = threading.Lock()  # the loop's save and an asked-for one write one file
+        self._loop = Loop("sightings", self._save_step, wake_s=every_s)
+
+    def save(self) -> None:
+        with self._saving:
+            for place in self.places:
+                learnt = place.admission.learnt()
+                if learnt is not None:
+                    self._save(place, learnt)
+
+    def _save(self, place: Place, learnt: Learnt) -> None:
+        """One place; a failure (a full volume) is logged when it starts and when it ends, not
+        every interval, and the tier serves on either way."""
+        try:
+            place.save(learnt)
+        except OSError as err:
+            place.path.with_name(place.path.name + ".tmp").unlink(missing_ok=True)
+            if place.tier not in self._failing:
+                self._failing.add(place.tier)
+                log.warning(
+                    "%s: admission state not saved: %s",
+                    place.tier,
+                    err,
+                    extra={"event": "admission_state", "tier": place.tier, "state": "unsaved"},
+                )
+            return
+        if place.tier in self._failing:
+            self._failing.discard(place.tier)
+            log.info(
+                "%s: admission state saved again",
+                place.tier,
+                extra={"event": "admission_state", "tier": place.tier, "state": "saved"},
+            )
+
+    def stop(self) -> None:
+        self._loop.stop()
+        self.save()
+
+    def _save_step(self) -> bool:
+        self.save()
+        return False
+
+
+def open_places(places: list[Place], every_s: float = SAVE_EVERY_S) -> tuple[Keeper | None, dict[str, str]]:
+    """Restore what a previous run saved for each persistent place whose policy learns, and
+    remove the others' files. Returns the keeper of the places to save (None when there are
+    none) and each tier's outcome."""
+    kept: list[Place] = []
+    outcome: dict[str, str] = {}
+    for place in places:
+        if not place.persistent or place.policy == "always":
+            place.path.unlink(missing_ok=True)
+            outcome[place.tier] = "nothing to keep" if place.policy == "always" else "not kept"
+            continue
+        outcome[place.tier] = place.restore()
+        _log_outcome(place.tier, outcome[place.tier])
+        kept.append(place)
+    return (Keeper(kept, every_s) if kept else None), outcome
+
+
+def _log_outcome(tier: str, outcome: str) -> None:
+    say: Callable[..., None] = log.info if outcome in ("restored", "no saved state") else log.warning
+    say(
+        "%s: admission state %s",
+        tier,
+        outcome,
+        extra={"event": "admission_state", "tier": tier, "state": outcome},
+    )
