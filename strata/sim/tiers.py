@@ -14,17 +14,16 @@ an hour, the shortest default retention is six.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strata.operator.api import ServiceTierSpec
 from strata.operator.api.quantity import parse_size
 from strata.sim.profile import LowerTier
+from strata.worker.kvtier.admission import SightingCounts
 from strata.worker.kvtier.index import Entry, TierIndex
 
 Key = bytes
-SEEN_LIMIT = 1 << 20  # sightings remembered for NVMe admission, as the sidecar's _SEEN_LIMIT
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class LowerTiers:
         self.dram = TierIndex(sizes.dram, cache.dram.eviction, cache.dram.admission) if sizes.dram else None
         self.nvme = TierIndex(sizes.nvme, cache.nvme.eviction, cache.nvme.admission) if sizes.nvme else None
         self.shared = shared.index
-        self.seen: OrderedDict[Key, int] = OrderedDict()
+        self.seen = SightingCounts(sizes.nvme)  # admitAfterHits' counts, as the sidecar keeps them
         self.clock = 0.0
 
     def lookup(self, keys: Sequence[Key]) -> list[LowerTier]:
@@ -121,13 +120,11 @@ class LowerTiers:
         return self.clock
 
     def _saw(self, key: Key) -> None:
-        self.seen[key] = self.seen.pop(key, 0) + 1
-        if len(self.seen) > SEEN_LIMIT:
-            self.seen.popitem(last=False)
+        self.seen.saw(key)
 
     def _admitted(self, key: Key, parent: Key | None) -> bool:
         assert self.nvme is not None
-        return self.nvme.admits(key, parent) and self.seen.get(key, 0) > self.admit_after
+        return self.nvme.admits(key, parent) and self.seen.count(key) > self.admit_after
 
     def _touch_below(self, key: Key) -> None:
         for index in (self.nvme, self.shared):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from strata.worker.kvtier import admission, sightings, simulate
-from strata.worker.kvtier.admission import Adaptive, Doorkeeper, FrequencySketch, Learnt
+from strata.worker.kvtier.admission import Adaptive, Doorkeeper, FrequencySketch, Learnt, SightingCounts
 from strata.worker.kvtier.service import Owner
 
 from .conftest import TRACES
@@ -81,13 +81,14 @@ def test_file_round_trips_and_says_why_it_is_not_used():
 
 def test_a_place_restores_only_what_fits_and_never_raises(tmp_path):
     path = tmp_path / "kv.admission"
-    place = sightings.Place("dram", "doorkeeper", Doorkeeper(100), path)
+    door = Doorkeeper(100)
+    place = sightings.Place("dram", "doorkeeper", door, path)
     assert place.restore() == "no saved state"
     place.save(Doorkeeper(200).learnt())  # the tier's capacity changed since
     assert place.restore() == "sketch: 3200 sightings per halving, expected 1600"
     path.write_bytes(b"garbage")
     assert place.restore() == "7 bytes: shorter than the 72-byte header"
-    assert place.admission.admits(key(1), None) is False  # fresh: a first sighting
+    assert door.admits(key(1), None) is False  # fresh: a first sighting
 
 
 # ---- the service ----
@@ -177,11 +178,46 @@ def test_a_tier_that_does_not_survive_a_restart_keeps_nothing(root, caplog):
     }
     service = make(root, **overrides)
     try:
-        assert service.stats()["admission_state"] == {"dram": "not kept", "nvme": "not kept"}
+        states = service.stats()["admission_state"]
+        assert states == {"dram": "not kept", "nvme": "not kept", "sightings": "not kept"}
         assert not (leftover / "admission.bin").exists()
     finally:
         service.close()
     assert not (root / "shm" / "kv.admission").exists()
+
+
+@pytest.mark.parametrize("nvme_persistent", [False, True])
+def test_admit_after_hits_counts_survive_with_whichever_tier_survives(root, nvme_persistent):
+    """With NVMe persistent they live on NVMe; else beside DRAM, so that a DRAM block a restart
+    recovered is still written down at its eviction."""
+    overrides: dict[str, Any] = {"nvme": {"admit_after_hits": 1, "persistent": nvme_persistent}}
+    service = make(root, **overrides)
+    try:
+        for _ in range(2):
+            service._require().saw(key(5))
+    finally:
+        service.close()
+    again = make(root, **overrides)
+    try:
+        states = again.stats()["admission_state"]
+        assert isinstance(states, dict) and states["sightings"] == "restored"
+        assert again._require().seen.count(key(5)) == 2
+        assert again._require().seen.count(key(6)) == 0
+    finally:
+        again.close()
+    kept, gone = root / "nvme" / "sightings.bin", root / "shm" / "kv.sightings"
+    kept, gone = (kept, gone) if nvme_persistent else (gone, kept)
+    assert kept.exists() and not gone.exists()
+
+
+def test_sighting_counts_reach_past_the_doorkeepers_ceiling_and_fade_by_halves():
+    counts = SightingCounts(capacity=4)  # a window of 64 sightings
+    for _ in range(40):
+        counts.saw(key(1))  # admit_after_hits goes up to 100: counts must pass 15
+    assert counts.count(key(1)) == 40 and counts.count(key(2)) == 0
+    for n in range(100, 124):  # the window's other sightings: a halving
+        counts.saw(key(n))
+    assert counts.count(key(1)) == 20
 
 
 def test_a_changed_policy_starts_fresh_and_says_so(root, caplog):

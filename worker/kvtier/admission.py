@@ -32,6 +32,7 @@ MASK64 = (1 << 64) - 1
 COUNTER_MAX = 15  # 4-bit counters, as in TinyLFU: enough to tell once from often
 DOORKEEPER_WINDOW = 16
 SHADOW_BLOCKS = 2048  # shadow tiers are sampled down to about this many blocks
+SIGHTINGS_WINDOW = 1 << 20  # most sightings between halvings of the NVMe tier's admit_after_hits counts
 SCORE_HORIZON = 10  # ghost hits are weighed over about this many times the capacity in sightings
 EXPORT_SLICE = 1 << 22  # bytes of counters copied per hold of the GIL when exporting
 _HALVE = bytes(v >> 1 for v in range(256))
@@ -39,9 +40,18 @@ _HALVE = bytes(v >> 1 for v in range(256))
 
 def stable_hash(key: Key) -> int:
     """64 well-mixed bits, equal in every process (``hash`` of bytes is salted per process, and
-    trace block ids are small consecutive integers)."""
+    trace block ids are small consecutive integers). The multiply carries a key's low bits up
+    through the word, so keys are read to put what tells them apart low: an integer as it is,
+    up to 8 bytes little-endian (the simulator's block ids), longer keys big-endian and folded
+    to 64 bits, every byte counting (16-byte keys made from small integers differ only in
+    their last bytes; the engine's are hashes, any bits will do)."""
     if isinstance(key, bytes):
-        value = int.from_bytes(key[:8], "little")
+        if len(key) <= 8:
+            value = int.from_bytes(key, "little")
+        else:
+            value = int.from_bytes(key, "big")
+            while value > MASK64:
+                value = (value & MASK64) ^ (value >> 64)
     elif isinstance(key, int):
         value = key
     else:
@@ -55,8 +65,9 @@ class FrequencySketch:
     ``sample_size`` increments: recent sightings count, old ones fade, and memory is fixed at
     ``4 x width`` bytes, ``width`` the power of two at or above ``2 x sample_size``."""
 
-    def __init__(self, sample_size: int) -> None:
+    def __init__(self, sample_size: int, most: int = COUNTER_MAX) -> None:
         self.sample_size = max(16, sample_size)
+        self.most = most  # a counter's ceiling (a byte each: up to 255)
         self._width = 1 << (2 * self.sample_size - 1).bit_length()
         self._mask = self._width - 1
         self._table = bytearray(4 * self._width)
@@ -83,7 +94,7 @@ class FrequencySketch:
         slots = self._slots(key)
         table = self._table
         low = min(table[slots[0]], table[slots[1]], table[slots[2]], table[slots[3]])
-        if low < COUNTER_MAX:
+        if low < self.most:
             for i in slots:
                 if table[i] == low:
                     table[i] = low + 1
@@ -127,21 +138,49 @@ class Learnt:
     score: float = 0.0
 
 
-class Admission(Protocol):
-    def record_hit(self, key: Key, parent: Key | None) -> None:
-        """A requested block the tier holds."""
-        ...
-
-    def admits(self, key: Key, parent: Key | None) -> bool:
-        """A requested block the tier does not hold: may it enter?"""
-        ...
-
+class Learner(Protocol):
     def learnt(self) -> Learnt | None:
         """What to keep across a restart; None: nothing (``always``)."""
         ...
 
     def restore(self, learnt: Learnt) -> None:
         """Take back what ``learnt`` gave; ValueError when it does not fit this policy."""
+        ...
+
+
+class SightingCounts:
+    """How often each block was seen (saved or read) lately, for the NVMe tier's
+    ``admit_after_hits``: a sketch with counters up to 255, halved every 16 capacities' worth of
+    sightings (the doorkeeper's window), at most ``SIGHTINGS_WINDOW``. An estimate, as the
+    doorkeeper's: a block may be taken for seen once more than it was where its counters
+    collide (rarely: four rows, each twice as wide as the window). At most 8 MiB, where the
+    dict of the last million keys it replaces took 168 MiB."""
+
+    def __init__(self, capacity: int) -> None:
+        window = min(SIGHTINGS_WINDOW, DOORKEEPER_WINDOW * max(1, capacity))
+        self.sketch = FrequencySketch(window, most=255)
+
+    def saw(self, key: Key) -> None:
+        self.sketch.increment(key)
+
+    def count(self, key: Key) -> int:
+        return self.sketch.estimate(key)
+
+    def learnt(self) -> Learnt:
+        table, added = self.sketch.export()
+        return Learnt(self.sketch.sample_size, table, added)
+
+    def restore(self, learnt: Learnt) -> None:
+        _restore_sketch(self.sketch, learnt)
+
+
+class Admission(Learner, Protocol):
+    def record_hit(self, key: Key, parent: Key | None) -> None:
+        """A requested block the tier holds."""
+        ...
+
+    def admits(self, key: Key, parent: Key | None) -> bool:
+        """A requested block the tier does not hold: may it enter?"""
         ...
 
 
@@ -176,11 +215,13 @@ class Doorkeeper:
         return Learnt(self.sketch.sample_size, table, added)
 
     def restore(self, learnt: Learnt) -> None:
-        if learnt.sample_size != self.sketch.sample_size:
-            raise ValueError(
-                f"sketch: {learnt.sample_size} sightings per halving, expected {self.sketch.sample_size}"
-            )
-        self.sketch.restore(learnt.table, learnt.added)
+        _restore_sketch(self.sketch, learnt)
+
+
+def _restore_sketch(sketch: FrequencySketch, learnt: Learnt) -> None:
+    if learnt.sample_size != sketch.sample_size:
+        raise ValueError(f"sketch: {learnt.sample_size} sightings per halving, expected {sketch.sample_size}")
+    sketch.restore(learnt.table, learnt.added)
 
 
 class Shadow:

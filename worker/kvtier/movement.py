@@ -14,10 +14,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from strata.worker.config import KVTierConfig
+from strata.worker.kvtier.admission import SightingCounts
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.index import Entry
 from strata.worker.kvtier.metrics import TierMetrics
@@ -25,8 +25,6 @@ from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 from strata.worker.kvtier.writedown import Writer
 
 log = logging.getLogger(__name__)
-
-_SEEN_LIMIT = 1 << 20  # sightings remembered for NVMe admission (oldest forgotten first)
 
 
 class Mover:
@@ -41,7 +39,8 @@ class Mover:
         self.metrics = metrics
         self.dram, self.nvme, self.shared = tiers
         self.block_bytes = self.dram.block_bytes
-        self.seen: OrderedDict[bytes, int] = OrderedDict()
+        # nvme.admit_after_hits' counts (kept across restarts: ``sightings``)
+        self.seen = SightingCounts(self.nvme.index.capacity if self.nvme else 0)
         self.pinned = pinned  # the service's set: pins may arrive before their blocks
         self.writer = Writer(config, metrics, tiers, self._nvme_admits)
         self.demoting: dict[bytes, Entry] = {}  # evicted from DRAM, being written down
@@ -206,12 +205,10 @@ class Mover:
         at least ``admit_after_hits`` earlier sightings."""
         assert self.nvme is not None
         admitted = self.nvme.index.admits(key, entry.parent)
-        return admitted and self.seen.get(key, 0) > self.config.nvme.admit_after_hits
+        return admitted and self.seen.count(key) > self.config.nvme.admit_after_hits
 
     def saw(self, key: bytes) -> None:
-        self.seen[key] = self.seen.pop(key, 0) + 1
-        if len(self.seen) > _SEEN_LIMIT:
-            self.seen.popitem(last=False)
+        self.seen.saw(key)
 
     def write_down(self, blocks: Sequence[tuple[bytes, Entry]], demoting: bool) -> None:
         self.writer.write_down(blocks, demoting)

@@ -30,7 +30,7 @@ from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.recovery import Found, Recovery, open_table
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
-from strata.worker.kvtier.sightings import Keeper, Place, open_places
+from strata.worker.kvtier.sightings import SIGHTINGS, Keeper, Place, open_places
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 from strata.worker.kvtier.writedown import WritePlan
 
@@ -179,7 +179,20 @@ class KVTierService:
             path = Path(cfg.nvme.path) / "admission.bin"
             admission = self.nvme.index.admission
             places.append(Place("nvme", cfg.nvme.admission, admission, path, cfg.nvme.persistent))
+            places.append(self._sightings_place())
         return places
+
+    def _sightings_place(self) -> Place:
+        """``nvme.admit_after_hits``' counts: kept with the NVMe tier when it survives a
+        restart, else with DRAM when that does (a DRAM block a restart recovered is still
+        written down at its eviction, as it would have been)."""
+        cfg, counts, dram = self.config, self._require().seen, self._require().dram
+        on_nvme, in_dram = Path(cfg.nvme.path) / "sightings.bin", Path(f"{dram.arena.path}.sightings")
+        if cfg.nvme.persistent:
+            in_dram.unlink(missing_ok=True)
+            return Place("sightings", SIGHTINGS, counts, on_nvme)
+        on_nvme.unlink(missing_ok=True)
+        return Place("sightings", SIGHTINGS, counts, in_dram, cfg.dram.persistent and dram.capacity > 0)
 
     def save_admission_state(self) -> None:
         """Save what the admission policies learnt now (also every ``SAVE_EVERY_S``, and at

@@ -31,13 +31,14 @@ from pathlib import Path
 
 import xxhash
 
-from strata.worker.kvtier.admission import Admission, Learnt
+from strata.worker.kvtier.admission import Learner, Learnt
 from strata.worker.kvtier.background import Loop
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"STRATA-ADMIT-v1\0"  # the last byte before the NUL names the format's version
 HEADER = struct.Struct("<16s16sQQdQQ")  # magic, policy, sample size, added, score, length, xxh3
+SIGHTINGS = "admit_after_hits"  # the policy name the NVMe tier's sighting counts are saved under
 SAVE_EVERY_S = 30.0  # a crash loses at most this much learning; a save costs milliseconds
 
 
@@ -76,11 +77,12 @@ def decode(data: bytes, policy: str) -> Learnt:
 
 @dataclass
 class Place:
-    """One tier's admission policy and the file its state is kept in."""
+    """One tier's admission policy (or the NVMe tier's ``admit_after_hits`` counts) and the
+    file its state is kept in."""
 
     tier: str
     policy: str
-    admission: Admission
+    learner: Learner
     path: Path
     persistent: bool = True  # the tier's blocks survive a restart: so may what admitted them
 
@@ -93,7 +95,7 @@ class Place:
         except OSError as err:
             return f"unreadable: {err}"
         try:
-            self.admission.restore(decode(data, self.policy))
+            self.learner.restore(decode(data, self.policy))
         except ValueError as err:
             return str(err)
         return "restored"
@@ -123,7 +125,7 @@ class Keeper:
     def save(self) -> None:
         with self._saving:
             for place in self.places:
-                learnt = place.admission.learnt()
+                learnt = place.learner.learnt()
                 if learnt is not None:
                     self._save(place, learnt)
 
