@@ -226,7 +226,7 @@ def test_a_changed_policy_starts_fresh_and_says_so(root, caplog):
         service = make(root, dram={"admission": "adaptive"}, nvme={"capacity_bytes": 0})
     try:
         assert service.stats()["admission_state"] == {"dram": "policy changed: doorkeeper -> adaptive"}
-        assert "admission state policy changed" in caplog.text
+        assert "dram: admission state: policy changed: doorkeeper -> adaptive" in caplog.text
     finally:
         service.close()
 

@@ -182,7 +182,7 @@ def open_places(places: list[Place], every_s: float = SAVE_EVERY_S) -> tuple[Kee
 def _log_outcome(tier: str, outcome: str) -> None:
     say: Callable[..., None] = log.info if outcome in ("restored", "no saved state") else log.warning
     say(
-        "%s: admission state %s",
+        "%s: admission state: %s",
         tier,
         outcome,
         extra={"event": "admission_state", "tier": tier, "state": outcome},
