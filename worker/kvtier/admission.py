@@ -183,8 +183,15 @@ class Admission(Learner, Protocol):
         """A requested block the tier does not hold: may it enter?"""
         ...
 
+    @property
+    def rule(self) -> str:
+        """The rule admitting now: ``always`` or ``doorkeeper`` (adaptive follows one)."""
+        ...
+
 
 class Always:
+    rule = "always"
+
     def record_hit(self, key: Key, parent: Key | None) -> None:
         pass
 
@@ -200,6 +207,8 @@ class Always:
 
 class Doorkeeper:
     """Admit a block seen before (within about ``window`` x ``capacity`` sightings)."""
+
+    rule = "doorkeeper"
 
     def __init__(self, capacity: int, window: int = DOORKEEPER_WINDOW) -> None:
         self.sketch = FrequencySketch(window * max(1, capacity))
@@ -271,6 +280,10 @@ class Adaptive:
     @property
     def using_doorkeeper(self) -> bool:
         return self.score > 0
+
+    @property
+    def rule(self) -> str:
+        return "doorkeeper" if self.using_doorkeeper else "always"
 
     def _shadow(self, key: Key, parent: Key | None) -> None:
         if self.rate > 1 and (stable_hash(key) >> 40) % self.rate:

@@ -56,6 +56,7 @@ class TierIndex:
         self._recency: OrderedDict[Key, None] = OrderedDict()  # unpinned, oldest first: retention
         self._expected: Counter[Key] = Counter()
         self._tick = 0
+        self.admitted = self.refused = 0  # offered blocks let in or not (metrics)
         self._listener: IndexListener | None = None
         self._tier = ""
 
@@ -94,8 +95,12 @@ class TierIndex:
     def admits(self, key: Key, parent: Key | None) -> bool:
         """A request offered (or asked for) this block, which the tier does not hold: may it
         enter? Counts the sighting either way; blocks a queued request expects always may."""
-        admitted = self.admission.admits(key, parent)
-        return admitted or key in self._expected
+        admitted = self.admission.admits(key, parent) or key in self._expected
+        if admitted:
+            self.admitted += 1
+        else:
+            self.refused += 1
+        return admitted
 
     def make_room(self, count: int = 1) -> list[tuple[Key, Entry]]:
         """Evict until ``count`` more blocks fit; fewer fit when the rest is pinned."""

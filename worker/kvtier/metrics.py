@@ -49,6 +49,14 @@ class TierMetrics:
         self.recovered_blocks = counter(
             "recovered_blocks", "Blocks found again at start (warm restart) and verified."
         )
+        self.admitted = counter("admitted", "Blocks offered to the tier that its admission policy let in.")
+        self.refused = counter("refused", "Blocks offered to the tier that its admission policy kept out.")
+        self.doorkeeper = Gauge(
+            _PREFIX + "admission_doorkeeper",
+            "1 while the tier admits only blocks seen before (doorkeeper, or adaptive following it).",
+            ["tier"],
+            registry=r,
+        )
         self.errors = counter("io_errors", "I/O errors (full disk, unreachable store); the tier degraded.")
         self.read_seconds = Histogram(
             _PREFIX + "read_seconds",

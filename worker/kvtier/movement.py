@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.admission import SightingCounts
 from strata.worker.kvtier.arena import checksum
-from strata.worker.kvtier.index import Entry
+from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.metrics import TierMetrics
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 from strata.worker.kvtier.writedown import Writer
@@ -44,6 +44,7 @@ class Mover:
         self.pinned = pinned  # the service's set: pins may arrive before their blocks
         self.writer = Writer(config, metrics, tiers, self._nvme_admits)
         self.demoting: dict[bytes, Entry] = {}  # evicted from DRAM, being written down
+        self._admissions_published: dict[str, tuple[int, int]] = {}  # per tier: admitted, refused
 
     def promote_run(self, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool) -> list[Entry]:
         """Bring the leading blocks of ``keys`` up from a lower tier: the leading run held by
@@ -218,6 +219,17 @@ class Mover:
             held = len(tier.index) if tier else 0
             self.metrics.used_bytes.labels(name).set(held * self.block_bytes)
             self.metrics.blocks.labels(name).set(held)
+        for name, index in (("dram", self.dram.index), ("nvme", self.nvme.index if self.nvme else None)):
+            if index is not None:
+                self._publish_admission(name, index)
+
+    def _publish_admission(self, name: str, index: TierIndex) -> None:
+        """The index counts what its admission decided; the counters take what is new."""
+        m, (admitted, refused) = self.metrics, self._admissions_published.get(name, (0, 0))
+        m.admitted.labels(name).inc(index.admitted - admitted)
+        m.refused.labels(name).inc(index.refused - refused)
+        self._admissions_published[name] = (index.admitted, index.refused)
+        m.doorkeeper.labels(name).set(1 if index.admission.rule == "doorkeeper" else 0)
 
     def drop_nvme(self, keys: Sequence[bytes]) -> None:
         assert self.nvme is not None
