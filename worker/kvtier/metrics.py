@@ -33,11 +33,12 @@ class TierMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(_PREFIX + name, doc, ["tier"], registry=r)
 
-        self.used_bytes = Gauge(_PREFIX + "used_bytes", "Bytes of blocks held.", ["tier"], registry=r)
-        self.blocks = Gauge(_PREFIX + "blocks", "Blocks held.", ["tier"], registry=r)
-        self.capacity_bytes = Gauge(
-            _PREFIX + "capacity_bytes", "Bytes the tier may hold.", ["tier"], registry=r
-        )
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(_PREFIX + name, doc, ["tier"], registry=r)
+
+        self.used_bytes = gauge("used_bytes", "Bytes of blocks held.")
+        self.blocks = gauge("blocks", "Blocks held.")
+        self.capacity_bytes = gauge("capacity_bytes", "Bytes the tier may hold.")
         self.hits = counter("hits", "Blocks found in the tier on lookup.")
         self.misses = counter("misses", "Lookups that ended at this tier (the first missing block).")
         self.evictions = counter("evictions", "Blocks evicted from the tier.")
@@ -51,11 +52,9 @@ class TierMetrics:
         )
         self.admitted = counter("admitted", "Blocks offered to the tier that its admission policy let in.")
         self.refused = counter("refused", "Blocks offered to the tier that its admission policy kept out.")
-        self.doorkeeper = Gauge(
-            _PREFIX + "admission_doorkeeper",
+        self.doorkeeper = gauge(
+            "admission_doorkeeper",
             "1 while the tier admits only blocks seen before (doorkeeper, or adaptive following it).",
-            ["tier"],
-            registry=r,
         )
         self.errors = counter("io_errors", "I/O errors (full disk, unreachable store); the tier degraded.")
         self.read_seconds = Histogram(
