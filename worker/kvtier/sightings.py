@@ -10,7 +10,9 @@ figures (docs/kvtier.md, "Restarts: what survives").
 
 Where: ``<dram.shm_path>.admission`` for DRAM (the pod's memory-backed volume, beside the slot
 table) and ``<nvme.path>/admission.bin`` for NVMe; only for a tier that survives a restart
-(``persistent``), otherwise the file is removed so no later run trusts it.
+(``persistent``), otherwise the file is removed so no later run trusts it. The NVMe tier's
+``admit_after_hits`` counts (``SightingCounts``) go to ``<nvme.path>/sightings.bin`` when NVMe
+survives, else to ``<dram.shm_path>.sightings`` when DRAM does (the service decides).
 
 When: every ``SAVE_EVERY_S`` (a background thread) and at a clean stop, written to a
 temporary name, synced and renamed into place, so a crash leaves the previous file whole. A
