@@ -120,6 +120,19 @@ def cache_charts() -> list[Chart]:
             (Query(per_service(rules.HIT_RATIO), "{{namespace}}/{{service}} {{tier}}"),),
         ),
         Chart(
+            "Admission per cache tier",
+            "Share of the blocks offered to DRAM and NVMe that the tier's admission policy let in, and "
+            "whether it admits only blocks seen before (1: doorkeeper, or adaptive following it).",
+            "percentunit",
+            (
+                Query(per_service(rules.KVTIER_ADMITTED), "{{namespace}}/{{service}} {{tier}} admitted"),
+                Query(
+                    f"max by (namespace, service, tier) (strata_kvtier_admission_doorkeeper{SERVICE_FILTER})",
+                    "{{namespace}}/{{service}} {{tier}} doorkeeper",
+                ),
+            ),
+        ),
+        Chart(
             "Tier bandwidth",
             "Bytes read from and written to each KV-cache tier by the sidecars.",
             "Bps",

@@ -69,6 +69,11 @@ def ratio_of_sums(numerator: str, denominator: str, key: str) -> str:
     return f"sum {key} ({numerator})\n/\nsum {key} ({denominator})"
 
 
+def share_of_two(part: str, other: str, key: str) -> str:
+    """``part`` over ``part`` + ``other`` (two counters that split one count)."""
+    return f"sum {key} ({part})\n/\n(sum {key} ({part}) + sum {key} ({other}))"
+
+
 # ------------------------------------------------------------------------ latency and the SLO
 
 TTFT_P95 = "strata:ttft_seconds:p95_rate5m"
@@ -111,6 +116,7 @@ KV_USAGE = "strata:kv_cache_usage:avg"
 HIT_RATIO = "strata:prefix_hit_ratio:rate5m"
 HIT_RATIO_TIER = "strata_tier:prefix_hit_ratio:rate5m"
 KVTIER_HIT_RATIO = "strata:kvtier_hit_ratio:rate5m"
+KVTIER_ADMITTED = "strata:kvtier_admitted:ratio_rate5m"
 READ_BYTES = "strata:kvtier_read_bytes:rate5m"
 WRITTEN_BYTES = "strata:kvtier_written_bytes:rate5m"
 # Divide a series per cache tier by one total without the tier label.
@@ -121,6 +127,7 @@ def cache_records() -> list[Record]:
     hits, prompt = rate(W + "prefix_hit_tokens_total"), rate(W + "prompt_tokens_total")
     per_cache_tier = by(*BY_SERVICE, CACHE_TIER)
     sidecar_hits, sidecar_misses = rate(K + "hits_total"), rate(K + "misses_total")
+    admitted, refused = rate(K + "admitted_total"), rate(K + "refused_total")
     return [
         Record(KV_USAGE, f"avg {SERVICE_KEY} ({W}kv_cache_usage_ratio)"),
         Record(
@@ -131,11 +138,9 @@ def cache_records() -> list[Record]:
             HIT_RATIO_TIER,
             f"sum {by(*BY_TIER, CACHE_TIER)} ({hits})\n{PER_CACHE_TIER}\nsum {TIER_KEY} ({prompt})",
         ),
-        Record(
-            KVTIER_HIT_RATIO,
-            f"sum {per_cache_tier} ({sidecar_hits})\n/\n"
-            f"(sum {per_cache_tier} ({sidecar_hits}) + sum {per_cache_tier} ({sidecar_misses}))",
-        ),
+        Record(KVTIER_HIT_RATIO, share_of_two(sidecar_hits, sidecar_misses, per_cache_tier)),
+        # What share of the blocks offered to DRAM and NVMe their admission policy let in.
+        Record(KVTIER_ADMITTED, share_of_two(admitted, refused, per_cache_tier)),
         Record(READ_BYTES, f"sum {per_cache_tier} ({rate(K + 'read_bytes_total')})"),
         Record(WRITTEN_BYTES, f"sum {per_cache_tier} ({rate(K + 'written_bytes_total')})"),
     ]
