@@ -127,8 +127,9 @@ def test_state_is_saved_while_serving_so_a_crash_keeps_it(root):
 
 def test_the_keepers_thread_saves_on_its_own(root):
     saved = threading.Event()
-    places = [sightings.Place("dram", "doorkeeper", Doorkeeper(10), root / "a.admission")]
-    keeper, outcome = sightings.open_places(places, every_s=0.05)
+    door = Doorkeeper(10)
+    places = [sightings.Place("dram", "doorkeeper", door, root / "a.admission", every_s=0.05)]
+    keeper, outcome = sightings.open_places(places)
     assert outcome == {"dram": "no saved state"} and keeper is not None
     try:
         for _ in range(600):  # bounded: up to a minute on a loaded machine
@@ -141,13 +142,31 @@ def test_the_keepers_thread_saves_on_its_own(root):
         keeper.stop()
 
 
+def test_only_a_changed_state_is_written_and_only_when_due(tmp_path):
+    door = Doorkeeper(10)
+    place = sightings.Place("nvme", "doorkeeper", door, tmp_path / "admission.bin", every_s=3600)
+    keeper, _ = sightings.open_places([place])
+    assert keeper is not None
+    try:
+        keeper.save(due_only=True)  # the first interval has not passed
+        assert not place.path.exists()
+        assert place.save(door.learnt()) is True
+        assert place.save(door.learnt()) is False  # an idle tier: no drive writes
+        door.admits(key(1), None)
+        assert place.save(door.learnt()) is True
+        assert sightings.decode(place.path.read_bytes(), "doorkeeper") == door.learnt()
+    finally:
+        keeper.stop()
+
+
 def test_a_failing_save_is_logged_once_and_its_end_too(tmp_path, monkeypatch, caplog):
-    place = sightings.Place("nvme", "doorkeeper", Doorkeeper(10), tmp_path / "admission.bin")
-    keeper, _ = sightings.open_places([place], every_s=3600)
+    door = Doorkeeper(10)
+    place = sightings.Place("nvme", "doorkeeper", door, tmp_path / "admission.bin", every_s=3600)
+    keeper, _ = sightings.open_places([place])
     assert keeper is not None
     full = OSError(errno.ENOSPC, "No space left on device")
 
-    def no_room(self: sightings.Place, learnt: Learnt) -> None:
+    def no_room(self: sightings.Place, learnt: Learnt) -> bool:
         raise full
 
     try:

@@ -30,7 +30,7 @@ from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.recovery import Found, Recovery, open_table
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
-from strata.worker.kvtier.sightings import SIGHTINGS, Keeper, Place, open_places
+from strata.worker.kvtier.sightings import NVME_SAVE_EVERY_S, SIGHTINGS, Keeper, Place, open_places
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 from strata.worker.kvtier.writedown import WritePlan
 
@@ -178,7 +178,9 @@ class KVTierService:
         if self.nvme is not None:
             path = Path(cfg.nvme.path) / "admission.bin"
             admission = self.nvme.index.admission
-            places.append(Place("nvme", cfg.nvme.admission, admission, path, cfg.nvme.persistent))
+            places.append(
+                Place("nvme", cfg.nvme.admission, admission, path, cfg.nvme.persistent, NVME_SAVE_EVERY_S)
+            )
             places.append(self._sightings_place())
         return places
 
@@ -190,7 +192,7 @@ class KVTierService:
         on_nvme, in_dram = Path(cfg.nvme.path) / "sightings.bin", Path(f"{dram.arena.path}.sightings")
         if cfg.nvme.persistent:
             in_dram.unlink(missing_ok=True)
-            return Place("sightings", SIGHTINGS, counts, on_nvme)
+            return Place("sightings", SIGHTINGS, counts, on_nvme, every_s=NVME_SAVE_EVERY_S)
         on_nvme.unlink(missing_ok=True)
         return Place("sightings", SIGHTINGS, counts, in_dram, cfg.dram.persistent and dram.capacity > 0)
 
@@ -198,7 +200,7 @@ class KVTierService:
         """Save what the admission policies learnt now (also every ``SAVE_EVERY_S``, and at
         ``close``)."""
         if self._keeper is not None:
-            self._keeper.save()
+            self._keeper.save()  # every place, due or not
 
     def _publish_capacity(self) -> None:
         m = self.metrics

@@ -14,8 +14,9 @@ table) and ``<nvme.path>/admission.bin`` for NVMe; only for a tier that survives
 ``admit_after_hits`` counts (``SightingCounts``) go to ``<nvme.path>/sightings.bin`` when NVMe
 survives, else to ``<dram.shm_path>.sightings`` when DRAM does (the service decides).
 
-When: every ``SAVE_EVERY_S`` (a background thread) and at a clean stop, written to a
-temporary name, synced and renamed into place, so a crash leaves the previous file whole. A
+When: every ``SAVE_EVERY_S`` (``NVME_SAVE_EVERY_S`` on NVMe) from a background thread, if it
+changed, and at a clean stop; written to a temporary name, synced and renamed into place, so a
+crash leaves the previous file whole. A
 file is used only when its policy and sketch size are the configured ones and its checksum
 holds; anything else starts fresh, with the reason in the log and in ``stats``.
 """
@@ -27,6 +28,7 @@ import math
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,23 +44,20 @@ MAGIC = b"STRATA-ADMIT-v1\0"  # the last byte before the NUL names the format's 
 HEADER = struct.Struct("<16s16sQQdQQ")  # magic, policy, sample size, added, score, length, xxh3
 SIGHTINGS = "admit_after_hits"  # the policy name the NVMe tier's sighting counts are saved under
 SAVE_EVERY_S = 30.0  # a crash loses at most this much learning; a save costs milliseconds
+# On NVMe less often: its sketch is the largest (128 MiB for 1M blocks) and costs drive writes.
+NVME_SAVE_EVERY_S = 300.0
 
 
-def header(policy: str, learnt: Learnt) -> bytes:
-    """The file's first ``HEADER.size`` bytes; the counters follow."""
+def header(policy: str, learnt: Learnt, digest: int) -> bytes:
+    """The file's first ``HEADER.size`` bytes (``digest``: the counters' xxh3); the counters
+    follow."""
     return HEADER.pack(
-        MAGIC,
-        policy.encode(),
-        learnt.sample_size,
-        learnt.added,
-        learnt.score,
-        len(learnt.table),
-        xxhash.xxh3_64_intdigest(learnt.table),
+        MAGIC, policy.encode(), learnt.sample_size, learnt.added, learnt.score, len(learnt.table), digest
     )
 
 
 def encode(policy: str, learnt: Learnt) -> bytes:
-    return header(policy, learnt) + learnt.table
+    return header(policy, learnt, xxhash.xxh3_64_intdigest(learnt.table)) + learnt.table
 
 
 def decode(data: bytes, policy: str) -> Learnt:
@@ -87,6 +86,9 @@ class Place:
     learner: Learner
     path: Path
     persistent: bool = True  # the tier's blocks survive a restart: so may what admitted them
+    every_s: float = SAVE_EVERY_S
+    due: float = 0.0  # time.monotonic() of the next periodic save
+    written: tuple[int, int, float] | None = None  # (xxh3, added, score) of what is on disk
 
     def restore(self) -> str:
         """Takes the saved state back: ``restored``, or why not."""
@@ -102,31 +104,44 @@ class Place:
             return str(err)
         return "restored"
 
-    def save(self, learnt: Learnt) -> None:
+    def save(self, learnt: Learnt) -> bool:
+        """Writes ``learnt`` unless it is what the file already holds (an idle tier learns
+        nothing, and an NVMe tier's sketch is worth no drive writes then)."""
+        digest = xxhash.xxh3_64_intdigest(learnt.table)
+        if self.written == (digest, learnt.added, learnt.score):
+            return False
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as out:
-            out.write(header(self.policy, learnt))
+            out.write(header(self.policy, learnt, digest))
             out.write(learnt.table)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.path)
+        self.written = (digest, learnt.added, learnt.score)
+        return True
 
 
 class Keeper:
-    """Saves every place's state each ``every_s`` and once more at ``stop``, without the
-    service's lock: the counters are copied a slice at a time while requests go on
-    (``FrequencySketch.export``), a few milliseconds per 16 MiB of them (the sketch of a DRAM
-    tier of 128k blocks)."""
+    """Saves each place's state every ``Place.every_s`` (when it changed) and once more at
+    ``stop``, without the service's lock: the counters are copied a slice at a time while
+    requests go on (``FrequencySketch.export``), a few milliseconds per 16 MiB of them (the
+    sketch of a DRAM tier of 128k blocks)."""
 
-    def __init__(self, places: list[Place], every_s: float) -> None:
+    def __init__(self, places: list[Place]) -> None:
         self.places = places
         self._failing: set[str] = set()  # tiers whose last save failed
         self._saving = threading.Lock()  # the loop's save and an asked-for one write one file
-        self._loop = Loop("sightings", self._save_step, wake_s=every_s)
+        wake_s = min(place.every_s for place in places)
+        self._loop = Loop("sightings", self._save_step, wake_s=wake_s)
 
-    def save(self) -> None:
+    def save(self, due_only: bool = False) -> None:
+        """Every place now, or (``due_only``) those whose interval has passed."""
         with self._saving:
+            now = time.monotonic()
             for place in self.places:
+                if due_only and now < place.due:
+                    continue
+                place.due = now + place.every_s
                 learnt = place.learner.learnt()
                 if learnt is not None:
                     self._save(place, learnt)
@@ -160,11 +175,11 @@ class Keeper:
         self.save()
 
     def _save_step(self) -> bool:
-        self.save()
+        self.save(due_only=True)
         return False
 
 
-def open_places(places: list[Place], every_s: float = SAVE_EVERY_S) -> tuple[Keeper | None, dict[str, str]]:
+def open_places(places: list[Place]) -> tuple[Keeper | None, dict[str, str]]:
     """Restore what a previous run saved for each persistent place whose policy learns, and
     remove the others' files. Returns the keeper of the places to save (None when there are
     none) and each tier's outcome."""
@@ -178,7 +193,9 @@ def open_places(places: list[Place], every_s: float = SAVE_EVERY_S) -> tuple[Kee
         outcome[place.tier] = place.restore()
         _log_outcome(place.tier, outcome[place.tier])
         kept.append(place)
-    return (Keeper(kept, every_s) if kept else None), outcome
+    for place in kept:
+        place.due = time.monotonic() + place.every_s
+    return (Keeper(kept) if kept else None), outcome
 
 
 def _log_outcome(tier: str, outcome: str) -> None:
