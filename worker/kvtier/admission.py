@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from strata.worker.kvtier import policy
@@ -148,7 +148,25 @@ class Learner(Protocol):
         ...
 
 
-class SightingCounts:
+class SketchLearner:
+    """What a policy made of one sketch keeps across a restart: the sketch (a doorkeeper, the
+    NVMe tier's sighting counts)."""
+
+    sketch: FrequencySketch
+
+    def learnt(self) -> Learnt:
+        table, added = self.sketch.export()
+        return Learnt(self.sketch.sample_size, table, added)
+
+    def restore(self, learnt: Learnt) -> None:
+        if learnt.sample_size != self.sketch.sample_size:
+            raise ValueError(
+                f"sketch: {learnt.sample_size} sightings per halving, expected {self.sketch.sample_size}"
+            )
+        self.sketch.restore(learnt.table, learnt.added)
+
+
+class SightingCounts(SketchLearner):
     """How often each block was seen (saved or read) lately, for the NVMe tier's
     ``admit_after_hits``: a sketch with counters up to 255, halved every 16 capacities' worth of
     sightings (the doorkeeper's window), at most ``SIGHTINGS_WINDOW``. An estimate, as the
@@ -165,13 +183,6 @@ class SightingCounts:
 
     def count(self, key: Key) -> int:
         return self.sketch.estimate(key)
-
-    def learnt(self) -> Learnt:
-        table, added = self.sketch.export()
-        return Learnt(self.sketch.sample_size, table, added)
-
-    def restore(self, learnt: Learnt) -> None:
-        _restore_sketch(self.sketch, learnt)
 
 
 class Admission(Learner, Protocol):
@@ -205,7 +216,7 @@ class Always:
         raise ValueError("always: learns nothing")
 
 
-class Doorkeeper:
+class Doorkeeper(SketchLearner):
     """Admit a block seen before (within about ``window`` x ``capacity`` sightings)."""
 
     rule = "doorkeeper"
@@ -218,19 +229,6 @@ class Doorkeeper:
 
     def admits(self, key: Key, parent: Key | None) -> bool:
         return self.sketch.increment(key) > 0
-
-    def learnt(self) -> Learnt:
-        table, added = self.sketch.export()
-        return Learnt(self.sketch.sample_size, table, added)
-
-    def restore(self, learnt: Learnt) -> None:
-        _restore_sketch(self.sketch, learnt)
-
-
-def _restore_sketch(sketch: FrequencySketch, learnt: Learnt) -> None:
-    if learnt.sample_size != sketch.sample_size:
-        raise ValueError(f"sketch: {learnt.sample_size} sightings per halving, expected {sketch.sample_size}")
-    sketch.restore(learnt.table, learnt.added)
 
 
 class Shadow:
@@ -303,11 +301,10 @@ class Adaptive:
         return seen or not self.using_doorkeeper
 
     def learnt(self) -> Learnt:
-        gate = self.gate.learnt()
-        return Learnt(gate.sample_size, gate.table, gate.added, self.score)
+        return replace(self.gate.learnt(), score=self.score)
 
     def restore(self, learnt: Learnt) -> None:
-        if math.isnan(learnt.score) or math.isinf(learnt.score):
+        if not math.isfinite(learnt.score):
             raise ValueError(f"score: {learnt.score} is not a finite number")
         self.gate.restore(learnt)
         self.score = learnt.score

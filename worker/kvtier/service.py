@@ -188,7 +188,8 @@ class KVTierService:
         """``nvme.admit_after_hits``' counts: kept with the NVMe tier when it survives a
         restart, else with DRAM when that does (a DRAM block a restart recovered is still
         written down at its eviction, as it would have been)."""
-        cfg, counts, dram = self.config, self._require().seen, self._require().dram
+        cfg, mover = self.config, self._require()
+        counts, dram = mover.seen, mover.dram
         on_nvme, in_dram = Path(cfg.nvme.path) / "sightings.bin", Path(f"{dram.arena.path}.sightings")
         if cfg.nvme.persistent:
             in_dram.unlink(missing_ok=True)

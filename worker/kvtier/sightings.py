@@ -131,6 +131,9 @@ class Keeper:
         self.places = places
         self._failing: set[str] = set()  # tiers whose last save failed
         self._saving = threading.Lock()  # the loop's save and an asked-for one write one file
+        now = time.monotonic()
+        for place in places:  # what was just restored is not due again for an interval
+            place.due = now + place.every_s
         wake_s = min(place.every_s for place in places)
         self._loop = Loop("sightings", self._save_step, wake_s=wake_s)
 
@@ -193,8 +196,6 @@ def open_places(places: list[Place]) -> tuple[Keeper | None, dict[str, str]]:
         outcome[place.tier] = place.restore()
         _log_outcome(place.tier, outcome[place.tier])
         kept.append(place)
-    for place in kept:
-        place.due = time.monotonic() + place.every_s
     return (Keeper(kept) if kept else None), outcome
 
 
