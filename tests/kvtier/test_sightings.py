@@ -7,11 +7,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
-import threading
 from typing import Any
 
 import pytest
 
+from strata.stack.wait import wait_for
 from strata.worker.kvtier import admission, sightings, simulate
 from strata.worker.kvtier.admission import Adaptive, Doorkeeper, FrequencySketch, Learnt, SightingCounts
 from strata.worker.kvtier.service import Owner
@@ -126,18 +126,12 @@ def test_state_is_saved_while_serving_so_a_crash_keeps_it(root):
 
 
 def test_the_keepers_thread_saves_on_its_own(root):
-    saved = threading.Event()
     door = Doorkeeper(10)
     places = [sightings.Place("dram", "doorkeeper", door, root / "a.admission", every_s=0.05)]
     keeper, outcome = sightings.open_places(places)
     assert outcome == {"dram": "no saved state"} and keeper is not None
-    try:
-        for _ in range(600):  # bounded: up to a minute on a loaded machine
-            if places[0].path.exists():
-                saved.set()
-                break
-            threading.Event().wait(0.1)
-        assert saved.is_set(), "the keeper never saved in 60 s"
+    try:  # bounded: up to a minute on a loaded machine
+        wait_for(places[0].path.exists, 60, "the keeper's first save", interval_s=0.1)
     finally:
         keeper.stop()
 
