@@ -16,25 +16,66 @@ from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.simulate import Cache
 
 
-def test_sketch_counts_saturates_and_ages():
-    sketch = FrequencySketch(sample_size=1000)
-    for _ in range(20):
+@pytest.mark.parametrize(("most", "halved"), [(3, (1, 1)), (15, (7, 8)), (255, (127, 128))])
+def test_sketch_counts_saturates_and_ages(most: int, halved: tuple[int, int]):
+    sketch = FrequencySketch(sample_size=1000, most=most)
+    for _ in range(300):
         sketch.increment("hot")
-    assert sketch.estimate("hot") == 15  # 4-bit counters
+    assert sketch.estimate("hot") == most  # saturates at its ceiling, never wraps
     assert sketch.estimate("cold") == 0
     sketch.increment("once")
     for i in range(1000):  # enough other sightings to halve everything once
         sketch.increment(i)
     assert sketch.estimate("once") == 0  # a single old sighting is forgotten
-    assert 7 <= sketch.estimate("hot") <= 8
+    assert halved[0] <= sketch.estimate("hot") <= halved[1]
+
+
+@pytest.mark.parametrize("most", [3, 255])
+def test_sketch_never_counts_a_key_below_its_sightings(most: int):
+    """Count-min's promise, in a sketch crowded enough that keys share bytes (packed: four rows'
+    counters to a byte): an estimate is at least the key's sightings (up to the ceiling), so an
+    increment never carries into, or takes from, a neighbour's counter."""
+    sketch = FrequencySketch(sample_size=4096, most=most)
+    sightings = {key: 1 + key % 5 for key in range(800)}
+    for round_ in range(5):
+        for key, times in sightings.items():
+            if round_ < times:
+                sketch.increment(key)
+    assert all(sketch.estimate(key) >= min(times, most) for key, times in sightings.items())
+    assert max(sketch.estimate(key) for key in sightings) <= most
+
+
+def test_packed_halving_halves_each_of_a_bytes_four_counters():
+    sketch = FrequencySketch(sample_size=16, most=3)
+    sketch._table[:] = bytes(range(256))[: len(sketch._table)]
+    before = bytes(sketch._table)
+    sketch._added = 15
+    sketch.increment("tips it over")  # the 16th sighting: everything halves
+    for old, new in zip(before, sketch._table, strict=True):
+        for shift in (0, 2, 4, 6):
+            was, now = (old >> shift) & 3, (new >> shift) & 3
+            # halved (one field may also hold the increment just made, before the halving)
+            assert now in {was >> 1, min(was + 1, 3) >> 1}
 
 
 def test_sketch_memory_is_bounded_by_its_sample_size():
-    sketch = FrequencySketch(sample_size=1000)
-    assert len(sketch._table) == 4 * 2048
+    packed, wide = FrequencySketch(sample_size=1000), FrequencySketch(sample_size=1000, most=255)
+    assert (len(packed._table), len(wide._table)) == (2048, 4 * 2048)  # 2 bits, 8 bits x 4 rows
     for i in range(100_000):
-        sketch.increment(i)
-    assert len(sketch._table) == 4 * 2048
+        packed.increment(i)
+        wide.increment(i)
+    assert (len(packed._table), len(wide._table)) == (2048, 4 * 2048)
+    with pytest.raises(ValueError, match="most"):
+        FrequencySketch(sample_size=1000, most=256)
+
+
+@pytest.mark.parametrize("most", [3, 255])
+def test_a_sketch_too_large_for_its_budget_is_narrower_and_still_counts(most: int):
+    sketch = FrequencySketch(sample_size=1_000_000, most=most, max_bytes=4096)
+    assert len(sketch._table) == 4096  # not the 2 MiB (or 8 MiB) the sample size asks for
+    for _ in range(2):
+        sketch.increment("twice")
+    assert sketch.estimate("twice") >= 2
 
 
 def test_stable_hash_is_the_same_in_every_process_and_spreads_small_ints():

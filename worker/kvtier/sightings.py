@@ -44,7 +44,7 @@ MAGIC = b"STRATA-ADMIT-v1\0"  # the last byte before the NUL names the format's 
 HEADER = struct.Struct("<16s16sQQdQQ")  # magic, policy, sample size, added, score, length, xxh3
 SIGHTINGS = "admit_after_hits"  # the policy name the NVMe tier's sighting counts are saved under
 SAVE_EVERY_S = 30.0  # a crash loses at most this much learning; a save costs milliseconds
-# On NVMe less often: its sketch is the largest (128 MiB for 1M blocks) and costs drive writes.
+# On NVMe less often: its sketch is the largest (32 MiB for 1M blocks) and costs drive writes.
 NVME_SAVE_EVERY_S = 300.0
 
 
@@ -124,7 +124,7 @@ class Place:
 class Keeper:
     """Saves each place's state every ``Place.every_s`` (when it changed) and once more at
     ``stop``, without the service's lock: the counters are copied a slice at a time while
-    requests go on (``FrequencySketch.export``), a few milliseconds per 16 MiB of them (the
+    requests go on (``FrequencySketch.export``), a millisecond or so per 4 MiB of them (the
     sketch of a DRAM tier of 128k blocks)."""
 
     def __init__(self, places: list[Place]) -> None:
