@@ -139,7 +139,12 @@ class NvmeTierConfig(_Strict):
 class SharedTierConfig(_Strict):
     enabled: bool = False
     path: str = Field("/var/cache/strata/shared", description="Directory on a ReadWriteMany volume.")
-    capacity_bytes: int = Field(0, ge=0, description="Bytes this worker may use in the shared tier.")
+    capacity_bytes: int = Field(
+        0,
+        ge=0,
+        description="The shared volume's size: what this worker may write, and what the volume's janitor "
+        "keeps every worker's blocks within.",
+    )
 
 
 class KVTierConfig(_Strict):

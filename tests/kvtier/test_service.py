@@ -13,14 +13,17 @@ from typing import Any
 
 import pytest
 
+from strata.stack.wait import wait_for
 from strata.worker.block_events import parse_line
 from strata.worker.kvtier.arena import checksum
+from strata.worker.kvtier.janitor import Janitor
 from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.recovery import Recovery
 from strata.worker.kvtier.server import Sidecar
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
+from strata.worker.kvtier.shared import FilesystemBlockStore
 
-from .conftest import kvtier_config
+from .conftest import MiB, kvtier_config
 
 BLOCK = 4096
 ROOT = b"\xff" * 16  # the chain's root: not a block key
@@ -144,6 +147,35 @@ def test_write_through_stores_every_tier_at_once(root):
     assert service.nvme is not None and service.shared is not None
     assert key(0) in service.nvme.index and key(1) in service.shared.index
     service.close()
+
+
+def test_the_shared_volumes_janitor_keeps_every_workers_blocks_within_its_size(root):
+    """Another replica filled the shared volume past its size before this sidecar started: the
+    sidecar takes the janitor's lock, sweeps, and reports it; its own writes go on."""
+    other = FilesystemBlockStore(root / "shared")
+    for n in range(100, 140):  # 40 blocks of a volume sized for 16 (16 MiB / 1 MiB files)
+        other.write(key(n), ROOT, 0, memoryview(payload(n) * 256))
+    service = make(root, write_mode="write-through", shared={"enabled": True})
+    try:
+
+        def report() -> dict[str, Any] | None:
+            janitor = service.stats()["shared_janitor"]
+            assert isinstance(janitor, dict)
+            return janitor if janitor["last_sweep"] else None
+
+        janitor = wait_for(report, 60, "the janitor's first sweep")
+        assert janitor["holding"]
+        sweep = janitor["last_sweep"]
+        assert sweep["files"] == 40 and sweep["left_bytes"] <= 0.9 * 16 * MiB
+        assert service.metrics.volume_bytes.labels("shared")._value.get() == sweep["left_bytes"]
+        assert service.metrics.janitor_removed.labels("shared")._value.get() == sweep["removed_lru"] > 0
+        put(service, [0, 1])
+        assert service.shared is not None and key(1) in service.shared.index
+    finally:
+        service.close()
+    successor = Janitor(root / "shared", 1)
+    assert successor.take_lock()  # closed, the sidecar left the lock to the next janitor
+    successor.stop()
 
 
 def test_dram_disabled_goes_straight_to_lower_tiers_through_staging(root):

@@ -18,6 +18,7 @@ from prometheus_client import (
 
 from strata.worker import block_events
 from strata.worker.block_events import BlockEvents
+from strata.worker.kvtier.janitor import Sweep
 
 _PREFIX = "strata_kvtier_"
 _LATENCY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
@@ -57,6 +58,16 @@ class TierMetrics:
             "1 while the tier admits only blocks seen before (doorkeeper, or adaptive following it).",
         )
         self.errors = counter("io_errors", "I/O errors (full disk, unreachable store); the tier degraded.")
+        self.volume_bytes = gauge(
+            "volume_bytes",
+            "Bytes the whole shared volume held (every worker's blocks) at the janitor's last sweep; "
+            "reported by the sidecar that is the volume's janitor.",
+        )
+        self.janitor_removed = counter(
+            "janitor_removed",
+            "Files the shared volume's janitor removed: least recently used blocks above the "
+            "volume's size, and temporary files their writers left.",
+        )
         self.read_seconds = Histogram(
             _PREFIX + "read_seconds",
             "Latency of a batch read.",
@@ -71,6 +82,11 @@ class TierMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def swept(self, sweep: Sweep) -> None:
+        """The shared volume's janitor swept it."""
+        self.volume_bytes.labels("shared").set(sweep.left_bytes)
+        self.janitor_removed.labels("shared").inc(sweep.removed_stale + sweep.removed_lru)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from strata.worker.block_events import BlockEvents
@@ -24,6 +24,7 @@ from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.demoter import Demoter
 from strata.worker.kvtier.index import Entry, TierIndex
+from strata.worker.kvtier.janitor import Janitor
 from strata.worker.kvtier.metrics import TierMetrics
 from strata.worker.kvtier.movement import Mover
 from strata.worker.kvtier.nvme import NvmeStore
@@ -100,6 +101,7 @@ class KVTierService:
         self._sealer: Sealer | None = None  # checksums of saved DRAM blocks, off the engine's path
         self._recovery: Recovery | None = None  # DRAM blocks a restart found, being verified
         self._keeper: Keeper | None = None  # saves what the admission policies learnt
+        self._janitor: Janitor | None = None  # keeps the shared volume within its size, if ours
         self._admission_state: dict[str, str] = {}  # per tier: restored at start, or why not
         self._found = Found()  # what the DRAM slot table held at start
         self._pinned: set[bytes] = set()  # shared with the mover; pins may precede a block
@@ -150,9 +152,13 @@ class KVTierService:
             store = NvmeStore(cfg.nvme.path, self.slot_bytes, block_bytes, nvme_slots, cfg.nvme.io_threads)
             self.nvme = NvmeTier(store, cfg.nvme.persistent, cfg.nvme.eviction, cfg.nvme.admission)
         if cfg.shared.enabled:
+            self._janitor = Janitor(Path(cfg.shared.path), cfg.shared.capacity_bytes, self.metrics.swept)
             self.shared = SharedTier(
-                FilesystemBlockStore(cfg.shared.path), cfg.shared.capacity_bytes // block_bytes
+                FilesystemBlockStore(cfg.shared.path),
+                cfg.shared.capacity_bytes // block_bytes,
+                on_full=self._janitor.full,
             )
+            self._janitor.start()
         self._mover = Mover(cfg, self.metrics, (self.dram, self.nvme, self.shared), self._pinned)
         if dram_slots:
             self._sealer = Sealer(self._lock, self.dram)
@@ -652,6 +658,7 @@ class KVTierService:
                 "unsealed": unsealed,
                 "recovery": self._found.stats(self._recovery.pending if self._recovery else 0),
                 "admission_state": dict(self._admission_state),
+                "shared_janitor": _janitor_stats(self._janitor),
             }
 
     def close(self) -> None:
@@ -659,7 +666,7 @@ class KVTierService:
         with self._lock:
             self._closed = True  # no put is queued after this: the committer can drain
         self._committer.shutdown(wait=True)
-        for worker in (self._demoter, self._sealer, self._recovery, self._keeper):
+        for worker in (self._demoter, self._sealer, self._recovery, self._keeper, self._janitor):
             if worker is not None:
                 worker.stop()
         self._background.shutdown(wait=True)
@@ -672,6 +679,13 @@ class KVTierService:
                 if self.dram.table is not None:
                     self.dram.table.close()
             self.dram = self.nvme = self.shared = self._mover = None
+
+
+def _janitor_stats(janitor: Janitor | None) -> dict[str, object] | None:
+    """Whether this sidecar is the shared volume's janitor, and its last sweep."""
+    if janitor is None:
+        return None
+    return {"holding": janitor.holding, "last_sweep": asdict(janitor.last) if janitor.last else None}
 
 
 def _done(count: int) -> Future[int]:

@@ -3,11 +3,14 @@
 :class:`BlockStore` is the interface an object store can implement later;
 :class:`FilesystemBlockStore` keeps one file per block on a ReadWriteMany volume, written to a
 temporary name, fsync-ed and renamed, so a reader never sees a half-written block. Each file
-carries a header with its key, length and checksum, verified on every read.
+carries a header with its key, length and checksum, verified on every read; a read bumps
+its mtime, by which the volume's janitor (``janitor``) removes the least recently used.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import struct
 import uuid
@@ -60,9 +63,14 @@ class FilesystemBlockStore:
                 tail = src.read(1)
         except FileNotFoundError:
             return False
+        except OSError as err:
+            if err.errno == errno.ESTALE:  # removed by another worker (or the janitor) on NFS
+                return False
+            raise
         if checked is None or got != len(out) or tail or checksum(out) != checked:
             self.delete(key)
             raise CorruptBlock(f"shared block {key.hex()} is corrupt")
+        _touch(path)
         return True
 
     @staticmethod
@@ -90,3 +98,10 @@ class FilesystemBlockStore:
 
     def delete(self, key: bytes) -> None:
         self._path(key).unlink(missing_ok=True)
+
+
+def _touch(path: Path) -> None:
+    """A read is a use: the volume's janitor removes the least recently used blocks by mtime
+    (the volume's own access times are not kept by every mount). Best effort."""
+    with contextlib.suppress(OSError):
+        os.utime(path)

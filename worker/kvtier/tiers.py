@@ -7,10 +7,11 @@ service calls them under its lock.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.index import Entry, TierIndex
@@ -20,6 +21,7 @@ from strata.worker.kvtier.slottable import SlotTable
 
 log = logging.getLogger(__name__)
 _NO_PARENT = b"\0" * 16
+FULL_LOG_EVERY_S = 60.0  # a full shared volume is logged at most this often, not per write
 
 
 class DramTier:
@@ -149,11 +151,19 @@ class SharedTier:
     ``backoff_s`` (reads miss, writes are dropped), so a dead volume costs one error, not one
     per block. The index holds only the blocks this worker wrote, to bound its share."""
 
-    def __init__(self, store: BlockStore, capacity: int, backoff_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        store: BlockStore,
+        capacity: int,
+        backoff_s: float = 5.0,
+        on_full: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.index = TierIndex(capacity, "lru")
         self.backoff_s = backoff_s
+        self.on_full = on_full  # the volume's janitor, told when a write finds it full
         self._down_until = 0.0
+        self._full_logged = -FULL_LOG_EVERY_S
 
     @property
     def healthy(self) -> bool:
@@ -163,14 +173,30 @@ class SharedTier:
         log.warning("shared tier unreachable, skipping it for %.0fs: %s", self.backoff_s, err)
         self._down_until = time.monotonic() + self.backoff_s
 
+    def write_failed(self, err: OSError) -> None:
+        """A full volume (ENOSPC, EDQUOT) drops this write and calls for a sweep, but reads go
+        on: the blocks there are as good as before. Any other error takes the tier down."""
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            self.mark_down(err)
+            return
+        now = time.monotonic()
+        if now >= self._full_logged + FULL_LOG_EVERY_S:
+            self._full_logged = now
+            log.warning("shared tier full, dropping writes until the janitor makes room: %s", err)
+        if self.on_full is not None:
+            self.on_full()
+
     def contains(self, key: bytes) -> bool:
         if not self.healthy:
             return False
         try:
-            return self.store.contains(key)
+            found = self.store.contains(key)
         except OSError as err:
             self.mark_down(err)
             return False
+        if not found and key in self.index:  # the volume's janitor removed it: write it again
+            self.index.remove(key)
+        return found
 
     def read_into(self, key: bytes, out: memoryview) -> bool | None:
         """True when read intact, False when absent or down, None when corrupt (deleted)."""

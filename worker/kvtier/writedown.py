@@ -171,7 +171,7 @@ class Writer:
             self.shared.store.write(key, _parent_bytes(entry), entry.priority, data)
         except OSError as err:
             self.metrics.errors.labels("shared").inc()
-            self.shared.mark_down(err)
+            self.shared.write_failed(err)
             return False
         self.metrics.write_seconds.labels("shared").observe(time.perf_counter() - started)
         self.metrics.written_bytes.labels("shared").inc(len(data))
