@@ -139,3 +139,19 @@ def test_a_block_the_janitor_removed_leaves_its_writers_index_so_it_can_be_writt
     store._path(key(0)).unlink()  # the janitor's sweep
     assert not tier.contains(key(0))
     assert key(0) not in tier.index
+
+
+def test_between_full_scans_the_file_systems_usage_says_whether_to_scan(tmp_path, monkeypatch):
+    keeper = Janitor(tmp_path, capacity=1000)
+    used = {"bytes": 0}
+    monkeypatch.setattr(janitor, "filesystem_used", lambda root: used["bytes"])
+    now = time.monotonic()
+    assert keeper.needs_scan(now)  # never scanned: a first full scan
+    keeper.sweep()
+    assert not keeper.needs_scan(now)  # 0 bytes used: no file can be over the watermark
+    used["bytes"] = 951  # over 95% of 1,000
+    assert keeper.needs_scan(now)
+    used["bytes"] = 0
+    assert keeper.needs_scan(now + janitor.FULL_SCAN_EVERY_S + 1)  # a full scan now and then anyway
+    keeper.full()  # a write found the volume full
+    assert keeper.needs_scan(now)

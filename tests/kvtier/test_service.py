@@ -178,6 +178,26 @@ def test_the_shared_volumes_janitor_keeps_every_workers_blocks_within_its_size(r
     successor.stop()
 
 
+def test_a_block_another_replica_wrote_to_the_shared_volume_is_not_written_again(root):
+    first = make(
+        root / "a", write_mode="write-through", shared={"enabled": True, "path": str(root / "shared")}
+    )
+    second = make(
+        root / "b", write_mode="write-through", shared={"enabled": True, "path": str(root / "shared")}
+    )
+    try:
+        put(first, [0, 1])
+        written = os.stat(FilesystemBlockStore(root / "shared")._path(key(0)))
+        put(second, [0, 1, 2])  # the same prefix, computed again, and one block more
+        again = os.stat(FilesystemBlockStore(root / "shared")._path(key(0)))
+        assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+        assert second.metrics.written_bytes.labels("shared")._value.get() == BLOCK  # block 2 alone
+        assert second.shared is not None and list(second.shared.index) == [key(2)]
+    finally:
+        first.close()
+        second.close()
+
+
 def test_dram_disabled_goes_straight_to_lower_tiers_through_staging(root):
     service = make(root, dram={"capacity_bytes": 0})
     assert put(service, [0, 1, 2]) == 3

@@ -168,6 +168,8 @@ class Writer:
         assert self.shared is not None
         started = time.perf_counter()
         try:
+            if self.shared.store.contains(key):  # another replica wrote it: a stat, not a write
+                return False  # nor this worker's to evict: the janitor sees to it
             self.shared.store.write(key, _parent_bytes(entry), entry.priority, data)
         except OSError as err:
             self.metrics.errors.labels("shared").inc()
