@@ -149,7 +149,9 @@ class NvmeTier:
 class SharedTier:
     """A :class:`BlockStore` that may be unreachable. After an error it is skipped for
     ``backoff_s`` (reads miss, writes are dropped), so a dead volume costs one error, not one
-    per block. The index holds only the blocks this worker wrote, to bound its share."""
+    per block. A full volume is not a dead one (``write_failed``). The index holds only the
+    blocks this worker wrote, to bound what it writes; the volume's janitor (``janitor``) keeps
+    every worker's blocks together within the volume's size."""
 
     def __init__(
         self,
