@@ -51,7 +51,13 @@ def up(directory: Path) -> int:
     prometheus = observe.start_prometheus(detached, cluster, directory, operator_port)
     print(f"Prometheus {prometheus} (the chart's monitors, the rules; HTTP API: {prometheus}/api/v1/query)")
     step(f"6/7 one {PROMPT_TOKENS}-token prompt through the memory hierarchy, at {pod.name} ({pod.ip})")
-    rows, pod = walk.walk(cluster, pod, PROMPT_TOKENS, lambda: platform.walk_pod(cluster))
+    rows, pod = walk.walk(
+        cluster,
+        pod,
+        PROMPT_TOKENS,
+        lambda name: platform.walk_pod(cluster, name),
+        lambda replicas: platform.scale(cluster, replicas),
+    )
     print("\n" + "\n".join(walk.table(rows)))
     _traffic_until_scraped(cluster, pod)
     print("\nafter a few seconds of repeated requests, the signals the operator scraped into its status:")

@@ -87,13 +87,21 @@ def wait_ready(cluster: Cluster, timeout_s: int = READY_S) -> None:
     )
 
 
-def walk_pod(cluster: Cluster) -> WalkPod:
-    """The service's (one) pod, with its IP and the worker.yaml its ConfigMap holds."""
-    pods = worker_pods(cluster, TENANT, SERVICE)
+def walk_pod(cluster: Cluster, name: str | None = None) -> WalkPod:
+    """The service's first pod (or the one named ``name``), with its IP and the worker.yaml its
+    ConfigMap holds."""
+    pods = [p for p in worker_pods(cluster, TENANT, SERVICE) if name in (None, p["metadata"]["name"])]
     if not pods:
-        raise RuntimeError(f"{TENANT}/{SERVICE}: no running worker pod")
+        raise RuntimeError(f"{TENANT}/{SERVICE}: no running worker pod {name or ''}")
     config = WorkerConfig.from_yaml(rendered_worker_config(cluster))
     return WalkPod(TENANT, pods[0]["metadata"]["name"], loopback_ip(pods[0]), config)
+
+
+def scale(cluster: Cluster, replicas: int) -> None:
+    """Pin the service at ``replicas`` (min = max = desired), as a tenant would with kubectl."""
+    bounds = {"replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas}
+    patch = ("patch", "inferenceservice", SERVICE, "-n", TENANT, "--type=merge")
+    cluster.kubectl(*patch, "-p", json.dumps({"spec": bounds}))
 
 
 def status_signals(cluster: Cluster) -> dict[str, Any]:

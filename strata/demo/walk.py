@@ -116,12 +116,46 @@ def replace(cluster: Cluster, pod: WalkPod) -> float:
     cluster.kubectl(*delete, timeout_s=RESTART_S + 30)
 
     def replaced() -> bool:
-        named = f"metadata.name={pod.name}"
-        found = cluster.kubectl_json("get", "pods", "-n", pod.namespace, "--field-selector", named)
-        return replaced_and_ready(found.get("items", []), old_uid)
+        return replaced_and_ready(_named(cluster, pod.namespace, pod.name), old_uid)
 
     stack.wait_for(replaced, RESTART_S, what=f"a new {pod.name} to be Ready", interval_s=1)
     return time.monotonic() - started
+
+
+def _named(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The pods called ``name`` (none, or one, which may be terminating)."""
+    found = cluster.kubectl_json("get", "pods", "-n", namespace, "--field-selector", f"metadata.name={name}")
+    return list(found.get("items", []))
+
+
+def second_replica(cluster: Cluster, pod: WalkPod, scale: Callable[[int], None]) -> tuple[str, float]:
+    """Scale the service to two replicas, as load would, and wait until its StatefulSet's second
+    pod (the next ordinal) is Ready; its name and the seconds that took."""
+    name = f"{pod.name.rsplit('-', 1)[0]}-1"
+    started = time.monotonic()
+    scale(2)
+
+    def ready() -> bool:
+        found = cluster.kubectl_json(
+            "get", "pods", "-n", pod.namespace, "--field-selector", f"metadata.name={name}"
+        )
+        return replaced_and_ready(found.get("items", []), "")
+
+    stack.wait_for(ready, RESTART_S, what=f"{name} to be Ready", interval_s=1)
+    return name, time.monotonic() - started
+
+
+def back_to_one(cluster: Cluster, pod: WalkPod, name: str, scale: Callable[[int], None]) -> None:
+    """One replica again, and ``name`` gone: the scaling act that follows needs its room."""
+    scale(1)
+
+    def gone() -> bool:
+        found = cluster.kubectl_json(
+            "get", "pods", "-n", pod.namespace, "--field-selector", f"metadata.name={name}"
+        )
+        return not found.get("items")
+
+    stack.wait_for(gone, RESTART_S, what=f"{name} to be gone", interval_s=1)
 
 
 def wait_committed(pod: WalkPod, tokens: float) -> None:
@@ -136,16 +170,22 @@ def wait_committed(pod: WalkPod, tokens: float) -> None:
 
 
 def walk(
-    cluster: Cluster, pod: WalkPod, prompt_tokens: int, find_pod: Callable[[], WalkPod]
+    cluster: Cluster,
+    pod: WalkPod,
+    prompt_tokens: int,
+    find_pod: Callable[[str | None], WalkPod],
+    scale: Callable[[int], None],
 ) -> tuple[list[Row], WalkPod]:
-    """The walk's rows, and the pod it ends at (the replaced pod's successor, found by ``find_pod``)."""
+    """The walk's rows, and the pod it ends at (the replaced pod's successor, found by
+    ``find_pod``); ``scale`` pins the service's replicas for the shared tier's row."""
     prompt = dataplane.long_prompt(prompt_tokens)
     rows: list[Row] = []
 
-    def measure(label: str) -> dict[str, float]:
-        before = dataplane.hit_tokens(pod.api)
-        ttft = dataplane.time_to_first_token(pod.api, pod.config.model.name, prompt)
-        after = dataplane.hit_tokens(pod.api)
+    def measure(label: str, at: WalkPod | None = None) -> dict[str, float]:
+        api = (at or pod).api
+        before = dataplane.hit_tokens(api)
+        ttft = dataplane.time_to_first_token(api, pod.config.model.name, prompt)
+        after = dataplane.hit_tokens(api)
         rows.append((label, ttft, {t: after[t] - before[t] for t in dataplane.TIERS}))
         print(f"  {label:<46} TTFT {ttft:6.3f} s", flush=True)
         return rows[-1][2]
@@ -163,9 +203,15 @@ def walk(
     measure("both crashed: DRAM recovered, prefix in DRAM")
     print(f"  kubectl delete pod {pod.name} ...", flush=True)
     took = replace(cluster, pod)
-    pod = find_pod()
+    pod = find_pod(None)
     print(f"  ... its StatefulSet made a new {pod.name} ({pod.ip}); Ready after {took:.0f} s", flush=True)
     measure("pod replaced: DRAM gone, prefix on NVMe")
+    print("  two replicas (kubectl patch: minReplicas = maxReplicas = 2) ...", flush=True)
+    name, took = second_replica(cluster, pod, scale)
+    other = find_pod(name)
+    print(f"  ... {name} ({other.ip}), its own tiers empty; Ready after {took:.0f} s", flush=True)
+    measure("second replica: prefix on the shared volume", at=other)
+    back_to_one(cluster, pod, name, scale)
     return rows, pod
 
 

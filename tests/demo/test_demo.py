@@ -58,7 +58,8 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
         # Each request of the walk was served by the tier it names, and by no other (token counts
         # from the worker's /metrics): DRAM after the engine's crash, DRAM again after engine and
         # sidecar crashed (each restarted by the pod runtime; the sidecar recovered its slot
-        # table), NVMe after the pod was deleted and its StatefulSet made a new one.
+        # table), NVMe after the pod was deleted and its StatefulSet made a new one, the shared
+        # tier at a second replica.
         table = up.stdout[up.stdout.index("prompt tokens served from") :]
         assert re.search(r"cold \(nothing cached\).*none \(recomputed\)", table)
         served = r"\s+[\d.]+\s+[\d.]+x\s+"
@@ -67,6 +68,10 @@ def test_demo_walks_the_hierarchy_and_stops_cleanly(tmp_path: Path) -> None:
         recovered = "both crashed: DRAM recovered, prefix in DRAM"
         assert re.search(rf"{recovered}{served}dram 3984$", table, re.M), table
         assert re.search(rf"pod replaced: DRAM gone, prefix on NVMe{served}nvme 3984$", table, re.M), table
+        # A second replica, whose own tiers are empty, found the prefix the first wrote through
+        # to the service's shared volume (a KWOK-provisioned claim both pods mount).
+        shared_row = rf"second replica: prefix on the shared volume{served}shared 3984$"
+        assert re.search(shared_row, table, re.M), table
         # The operator's autoscaler scraped the real worker into the service's status.
         assert re.search(r"ttftP95Ms: \d", up.stdout) and re.search(r"hbm: 0\.9\d*", up.stdout), up.stdout
         _check_the_scaling_act(up.stdout)
