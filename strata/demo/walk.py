@@ -6,8 +6,10 @@ restartPolicy: HBM is gone, the native sidecar kept running, so the prefix comes
 engine and sidecar both crashed: the DRAM tier's memory volume outlives its containers and the
 restarted sidecar recovers the blocks from its slot table, so the prefix still comes from DRAM;
 then after the pod was deleted and its StatefulSet made a new one: the memory volume went with
-the old pod, the prefix comes from NVMe, whose index is on the node's NVMe volume and survives.
-Each row counts the prompt tokens each tier served (the worker's own counters)."""
+the old pod, the prefix comes from NVMe, whose index is on the node's NVMe volume and survives;
+last, at a second replica (the service pinned at two for a moment), whose own tiers are empty:
+the prefix comes from the service's shared volume, which the first wrote it through to. Each
+row counts the prompt tokens each tier served (the worker's own counters)."""
 
 from __future__ import annotations
 
