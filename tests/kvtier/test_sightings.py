@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import shutil
+import threading
 from typing import Any
 
 import pytest
@@ -179,6 +181,23 @@ def test_a_failing_save_is_logged_once_and_its_end_too(tmp_path, monkeypatch, ca
         assert place.path.exists()
     finally:
         keeper.stop()
+
+
+def test_a_save_beside_the_dram_tier_waits_for_its_pages_and_leaves_room(tmp_path):
+    """On the memory-backed volume a write past its size is a SIGBUS in whoever touches a page
+    next: the state is saved only once the DRAM tier's pages are allocated, and only with
+    ``leave_free`` to spare."""
+    door = Doorkeeper(10)
+    allocated = threading.Event()
+    place = sightings.Place("dram", "doorkeeper", door, tmp_path / "kv.admission", ready=allocated.is_set)
+    assert place.save(door.learnt()) is False and not place.path.exists()  # the pages first
+    allocated.set()
+    place.leave_free = shutil.disk_usage(tmp_path).total  # more than the volume could ever spare
+    with pytest.raises(OSError, match="would leave less than") as failed:
+        place.save(door.learnt())
+    assert failed.value.errno == errno.ENOSPC and not place.path.exists()
+    place.leave_free = sightings.SHM_LEAVE_FREE
+    assert place.save(door.learnt()) is True
 
 
 def test_a_tier_that_does_not_survive_a_restart_keeps_nothing(root, caplog):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import xxhash
@@ -57,6 +58,7 @@ class SlotArena:
         finally:
             os.close(fd)
         self.buffer = memoryview(self.mmap)
+        self.preallocated = threading.Event()  # set once ``preallocate`` has run (or failed)
 
     def preallocate(self) -> None:
         """Allocate every page of the file now (seconds for tens of GiB: run it in the
@@ -69,6 +71,8 @@ class SlotArena:
                 os.close(fd)
         except OSError as err:
             log.warning("kvtier: cannot preallocate %s (%s); pages are allocated as used", self.path, err)
+        finally:
+            self.preallocated.set()
 
     def view(self, slot: int, length: int | None = None) -> memoryview:
         if not 0 <= slot < self.num_slots:

@@ -31,7 +31,14 @@ from strata.worker.kvtier.nvme import NvmeStore
 from strata.worker.kvtier.recovery import Found, Recovery, open_table
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
-from strata.worker.kvtier.sightings import NVME_SAVE_EVERY_S, SIGHTINGS, Keeper, Place, open_places
+from strata.worker.kvtier.sightings import (
+    NVME_SAVE_EVERY_S,
+    SHM_LEAVE_FREE,
+    SIGHTINGS,
+    Keeper,
+    Place,
+    open_places,
+)
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 from strata.worker.kvtier.writedown import WritePlan
 
@@ -71,6 +78,7 @@ Block = tuple[bytes, Entry]
 # Three save batches of 32 blocks: one being committed, one on its way, one being reserved
 # (the client saves in batches of a third of these); a load reads half of them per answer.
 STAGING_SLOTS = 96
+PREALLOCATED_WAIT_S = 30.0  # a stop right after a start waits this long, at most, for the DRAM pages
 STAGING_WAIT_S = 120.0  # a reserve waits at most this long for in-flight puts' staging slots
 MIN_ANSWER = 8  # blocks: a load's answers from the lower tiers are not cut shorter than this
 PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
@@ -180,7 +188,8 @@ class KVTierService:
         if self.dram is not None and self.dram.capacity:
             path = Path(f"{self.dram.arena.path}.admission")
             admission = self.dram.index.admission
-            places.append(Place("dram", cfg.dram.admission, admission, path, cfg.dram.persistent))
+            place = Place("dram", cfg.dram.admission, admission, path, cfg.dram.persistent)
+            places.append(self._in_shm(place))
         if self.nvme is not None:
             path = Path(cfg.nvme.path) / "admission.bin"
             admission = self.nvme.index.admission
@@ -201,13 +210,29 @@ class KVTierService:
             in_dram.unlink(missing_ok=True)
             return Place("sightings", SIGHTINGS, counts, on_nvme, every_s=NVME_SAVE_EVERY_S)
         on_nvme.unlink(missing_ok=True)
-        return Place("sightings", SIGHTINGS, counts, in_dram, cfg.dram.persistent and dram.capacity > 0)
+        return self._in_shm(
+            Place("sightings", SIGHTINGS, counts, in_dram, cfg.dram.persistent and dram.capacity > 0)
+        )
+
+    def _in_shm(self, place: Place) -> Place:
+        """A place beside the DRAM tier, on the memory-backed volume: saved once the tier's pages
+        are all allocated, and only with room to spare."""
+        assert self.dram is not None
+        place.ready, place.leave_free = self.dram.arena.preallocated.is_set, SHM_LEAVE_FREE
+        return place
 
     def save_admission_state(self) -> None:
         """Save what the admission policies learnt now (also every ``SAVE_EVERY_S``, and at
         ``close``)."""
+        self._wait_preallocated()
         if self._keeper is not None:
             self._keeper.save()  # every place, due or not
+
+    def _wait_preallocated(self) -> None:
+        """A save asked for (or the last, at ``close``) waits, boundedly, for the DRAM tier's
+        pages: until then the places beside it do not save (``_in_shm``)."""
+        if self.dram is not None:
+            self.dram.arena.preallocated.wait(PREALLOCATED_WAIT_S)
 
     def _publish_capacity(self) -> None:
         m = self.metrics
@@ -666,6 +691,7 @@ class KVTierService:
         with self._lock:
             self._closed = True  # no put is queued after this: the committer can drain
         self._committer.shutdown(wait=True)
+        self._wait_preallocated()  # the keeper's last save follows
         for worker in (self._demoter, self._sealer, self._recovery, self._keeper, self._janitor):
             if worker is not None:
                 worker.stop()

@@ -23,9 +23,11 @@ holds; anything else starts fresh, with the reason in the log and in ``stats``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
+import shutil
 import struct
 import threading
 import time
@@ -46,6 +48,9 @@ SIGHTINGS = "admit_after_hits"  # the policy name the NVMe tier's sighting count
 SAVE_EVERY_S = 30.0  # a crash loses at most this much learning; a save costs milliseconds
 # On NVMe less often: its sketch is the largest (32 MiB for 1M blocks) and costs drive writes.
 NVME_SAVE_EVERY_S = 300.0
+# What a save leaves free on the pod's memory-backed /dev/shm: the engine's own use of it (torch
+# IPC) and the DRAM tier's pages come first; the admission state is worth less than either.
+SHM_LEAVE_FREE = 64 << 20
 
 
 def header(policy: str, learnt: Learnt, digest: int) -> bytes:
@@ -89,6 +94,10 @@ class Place:
     every_s: float = SAVE_EVERY_S
     due: float = 0.0  # time.monotonic() of the next periodic save
     written: tuple[int, int, float] | None = None  # (xxh3, added, score) of what is on disk
+    # On the memory-backed volume: saves wait until the DRAM tier's pages are all allocated,
+    # and leave this much free (a page fault on a full tmpfs is a SIGBUS, not an error).
+    ready: Callable[[], bool] | None = None
+    leave_free: int = 0
 
     def restore(self) -> str:
         """Takes the saved state back: ``restored``, or why not."""
@@ -107,9 +116,12 @@ class Place:
     def save(self, learnt: Learnt) -> bool:
         """Writes ``learnt`` unless it is what the file already holds (an idle tier learns
         nothing, and an NVMe tier's sketch is worth no drive writes then)."""
+        if self.ready is not None and not self.ready():
+            return False  # not yet: the volume's pages go to the DRAM tier first
         digest = xxhash.xxh3_64_intdigest(learnt.table)
         if self.written == (digest, learnt.added, learnt.score):
             return False
+        self._check_room(HEADER.size + len(learnt.table))
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as out:
             out.write(header(self.policy, learnt, digest))
@@ -119,6 +131,17 @@ class Place:
         os.replace(tmp, self.path)
         self.written = (digest, learnt.added, learnt.score)
         return True
+
+    def _check_room(self, size: int) -> None:
+        """ENOSPC unless a temporary copy of ``size`` bytes leaves ``leave_free`` free."""
+        if not self.leave_free:
+            return
+        free = shutil.disk_usage(self.path.parent).free
+        if free < size + self.leave_free:
+            raise OSError(
+                errno.ENOSPC,
+                f"{size} bytes would leave less than {self.leave_free} of {free} free on {self.path.parent}",
+            )
 
 
 class Keeper:
