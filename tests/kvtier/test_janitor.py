@@ -155,3 +155,11 @@ def test_between_full_scans_the_file_systems_usage_says_whether_to_scan(tmp_path
     assert keeper.needs_scan(now + janitor.FULL_SCAN_EVERY_S + 1)  # a full scan now and then anyway
     keeper.full()  # a write found the volume full
     assert keeper.needs_scan(now)
+
+
+def test_a_file_another_worker_removed_meanwhile_is_skipped_even_on_nfs(tmp_path, monkeypatch):
+    def stale(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.ESTALE, "Stale file handle")
+
+    monkeypatch.setattr(Path, "unlink", stale)
+    assert janitor.remove([block("gone", 1.0)]) == 0  # no error: nothing left to remove

@@ -21,6 +21,7 @@ Deciding what to remove (``plan``) is pure; scanning and unlinking are the glue 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -38,6 +39,8 @@ SWEEP_EVERY_S = 60.0
 STALE_TMP_S = 600.0  # a temporary file this old lost its writer (a write takes milliseconds)
 HIGH_WATERMARK = 0.95  # a sweep removes blocks only above this share of the size ...
 LOW_WATERMARK = 0.90  # ... and down to this one, so the next writes find room
+# A file another worker removed meanwhile: not found, or (on NFS) a stale handle.
+GONE = (errno.ENOENT, errno.ESTALE)
 FULL_SCAN_EVERY_S = 900.0  # between sweeps the volume's usage (one call) says whether to scan
 
 
@@ -98,8 +101,10 @@ def scan(root: Path) -> list[Found]:
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
+            except OSError as err:
+                if err.errno in GONE:
+                    continue
+                raise
             found.append(Found(Path(entry.path), st.st_size, st.st_mtime, entry.name.endswith(".tmp")))
     return found
 
@@ -125,8 +130,9 @@ def remove(files: Iterable[Found]) -> int:
         try:
             f.path.unlink()
             removed += 1
-        except FileNotFoundError:
-            pass
+        except OSError as err:
+            if err.errno not in GONE:
+                raise
     return removed
 
 
