@@ -138,10 +138,7 @@ def second_replica(cluster: Cluster, pod: WalkPod, scale: Callable[[int], None])
     scale(2)
 
     def ready() -> bool:
-        found = cluster.kubectl_json(
-            "get", "pods", "-n", pod.namespace, "--field-selector", f"metadata.name={name}"
-        )
-        return replaced_and_ready(found.get("items", []), "")
+        return replaced_and_ready(_named(cluster, pod.namespace, name), "")  # any UID will do
 
     stack.wait_for(ready, RESTART_S, what=f"{name} to be Ready", interval_s=1)
     return name, time.monotonic() - started
@@ -152,10 +149,7 @@ def back_to_one(cluster: Cluster, pod: WalkPod, name: str, scale: Callable[[int]
     scale(1)
 
     def gone() -> bool:
-        found = cluster.kubectl_json(
-            "get", "pods", "-n", pod.namespace, "--field-selector", f"metadata.name={name}"
-        )
-        return not found.get("items")
+        return not _named(cluster, pod.namespace, name)
 
     stack.wait_for(gone, RESTART_S, what=f"{name} to be gone", interval_s=1)
 
