@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strata.worker.kvtier.background import Loop
+from strata.worker.kvtier.shared import BLOCK_SUFFIX, FAN_OUT, TEMP_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def plan(found: Sequence[Found], capacity: int, now: float) -> tuple[list[Found]
 
 
 def scan(root: Path) -> list[Found]:
-    """Every block and temporary file under ``root`` (``<root>/<2 hex>/<key>.kv``); files that
+    """Every block and temporary file under ``root`` (``FilesystemBlockStore``'s layout); files that
     vanish meanwhile (another worker's eviction) are skipped."""
     found: list[Found] = []
     for directory in _subdirectories(root):
@@ -97,7 +98,7 @@ def scan(root: Path) -> list[Found]:
         except FileNotFoundError:
             continue
         for entry in entries:
-            if not entry.name.endswith((".kv", ".tmp")):
+            if not entry.name.endswith((BLOCK_SUFFIX, TEMP_SUFFIX)):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -105,14 +106,15 @@ def scan(root: Path) -> list[Found]:
                 if err.errno in GONE:
                     continue
                 raise
-            found.append(Found(Path(entry.path), st.st_size, st.st_mtime, entry.name.endswith(".tmp")))
+            found.append(Found(Path(entry.path), st.st_size, st.st_mtime, entry.name.endswith(TEMP_SUFFIX)))
     return found
 
 
 def _subdirectories(root: Path) -> Iterable[Path]:
     try:
         with os.scandir(root) as entries:
-            return [Path(e.path) for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+            fanned = (e for e in entries if len(e.name) == FAN_OUT and e.is_dir(follow_symlinks=False))
+            return [Path(e.path) for e in fanned]
     except FileNotFoundError:
         return []
 

@@ -21,6 +21,10 @@ from strata.worker.kvtier.arena import checksum
 
 _HEADER = struct.Struct("<8sII16s16siQ")  # magic, version, length, key, parent, priority, checksum
 _MAGIC = b"STRATAKV"
+# The volume's layout, which the janitor reads too: <root>/<first FAN_OUT hex digits>/<key>.kv,
+# each written as .<key>.kv.<uuid>.tmp beside it first.
+FAN_OUT = 2
+BLOCK_SUFFIX, TEMP_SUFFIX = ".kv", ".tmp"
 _VERSION = 2
 
 
@@ -48,7 +52,7 @@ class FilesystemBlockStore:
 
     def _path(self, key: bytes) -> Path:
         name = key.hex()
-        return self.root / name[:2] / f"{name}.kv"
+        return self.root / name[:FAN_OUT] / f"{name}{BLOCK_SUFFIX}"
 
     def contains(self, key: bytes) -> bool:
         return self._path(key).is_file()
@@ -85,7 +89,7 @@ class FilesystemBlockStore:
     def write(self, key: bytes, parent: bytes, priority: int, data: memoryview) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
         header = _HEADER.pack(_MAGIC, _VERSION, len(data), key, parent, priority, checksum(data))
         try:
             with open(tmp, "wb", buffering=0) as dst:
