@@ -224,14 +224,15 @@ class KVTierService:
     def save_admission_state(self) -> None:
         """Save what the admission policies learnt now (also every ``SAVE_EVERY_S``, and at
         ``close``)."""
-        self._wait_preallocated()
         if self._keeper is not None:
+            self._wait_preallocated()
             self._keeper.save()  # every place, due or not
 
     def _wait_preallocated(self) -> None:
         """A save asked for (or the last, at ``close``) waits, boundedly, for the DRAM tier's
-        pages: until then the places beside it do not save (``_in_shm``)."""
-        if self.dram is not None:
+        pages: until then the places beside it do not save (``_in_shm``). Only a keeper's
+        saves need them: a sidecar with none stops at once."""
+        if self.dram is not None and self._keeper is not None:
             self.dram.arena.preallocated.wait(PREALLOCATED_WAIT_S)
 
     def _publish_capacity(self) -> None:
