@@ -200,6 +200,26 @@ def test_a_save_beside_the_dram_tier_waits_for_its_pages_and_leaves_room(tmp_pat
     assert place.save(door.learnt()) is True
 
 
+def test_the_keeper_copies_no_sketch_while_the_dram_tier_is_still_allocating(tmp_path):
+    """Exporting a sketch costs a copy of its counters; while the place cannot be written yet,
+    the keeper does not make one."""
+    door = Doorkeeper(10)
+    exports = []
+    learnt = door.learnt
+    door.learnt = lambda: exports.append(1) or learnt()  # type: ignore[method-assign]
+    allocated = threading.Event()
+    place = sightings.Place("dram", "doorkeeper", door, tmp_path / "kv.admission", ready=allocated.is_set)
+    keeper = sightings.Keeper([place])
+    try:
+        keeper.save()
+        assert exports == [] and not place.path.exists()
+        allocated.set()
+        keeper.save()
+        assert exports == [1] and place.path.exists()
+    finally:
+        keeper.stop()
+
+
 def test_a_tier_that_does_not_survive_a_restart_keeps_nothing(root, caplog):
     leftover = root / "nvme"
     leftover.mkdir()

@@ -116,8 +116,8 @@ class Place:
     def save(self, learnt: Learnt) -> bool:
         """Writes ``learnt`` unless it is what the file already holds (an idle tier learns
         nothing, and an NVMe tier's sketch is worth no drive writes then)."""
-        if self.ready is not None and not self.ready():
-            return False  # not yet: the volume's pages go to the DRAM tier first
+        if self.waiting():
+            return False
         digest = xxhash.xxh3_64_intdigest(learnt.table)
         if self.written == (digest, learnt.added, learnt.score):
             return False
@@ -131,6 +131,10 @@ class Place:
         os.replace(tmp, self.path)
         self.written = (digest, learnt.added, learnt.score)
         return True
+
+    def waiting(self) -> bool:
+        """Not yet: the volume's pages go to the DRAM tier first."""
+        return self.ready is not None and not self.ready()
 
     def _check_room(self, size: int) -> None:
         """ENOSPC unless a temporary copy of ``size`` bytes leaves ``leave_free`` free."""
@@ -168,6 +172,8 @@ class Keeper:
                 if due_only and now < place.due:
                     continue
                 place.due = now + place.every_s
+                if place.waiting():
+                    continue  # no export of a sketch that would not be written
                 learnt = place.learner.learnt()
                 if learnt is not None:
                     self._save(place, learnt)
