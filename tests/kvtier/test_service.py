@@ -303,6 +303,24 @@ def assert_torn_block_dropped(service: KVTierService) -> None:
     assert service.metrics.corrupt_blocks.labels("nvme")._value.get() == 1
 
 
+def test_a_block_another_replica_wrote_costs_this_workers_share_nothing(root):
+    """This worker's share of the shared tier is full: blocks another replica wrote already
+    are not written again, and evict none of this worker's own."""
+    shared = {"enabled": True, "path": str(root / "shared")}
+    first = make(root / "a", write_mode="write-through", shared=shared)
+    second = make(root / "b", write_mode="write-through", shared={**shared, "capacity_bytes": 2 * BLOCK})
+    try:
+        put(first, [0, 1])
+        put(second, [5, 6])  # its whole share
+        put(second, [0, 1])
+        assert second.shared is not None and sorted(second.shared.index) == [key(5), key(6)]
+        assert second.metrics.evictions.labels("shared")._value.get() == 0
+        assert FilesystemBlockStore(root / "shared").contains(key(5))
+    finally:
+        first.close()
+        second.close()
+
+
 def test_unreachable_shared_tier_degrades_to_lower_tiers(root):
     blocker = root / "blocker"
     blocker.write_text("")

@@ -76,7 +76,7 @@ class Writer:
             nvme_keys = {record.key for record, _ in plan.nvme}
             through = self.config.write_mode == "write-through"
             for key, entry in blocks:
-                if (through or key not in nvme_keys) and key not in self.shared.index and self._shared_room():
+                if (through or key not in nvme_keys) and key not in self.shared.index:
                     plan.shared.append((key, entry, self.dram.block(entry.slot)))
         return plan
 
@@ -101,7 +101,9 @@ class Writer:
         return batch
 
     def _shared_room(self) -> bool:
-        """Make room for one more block in this worker's share (victims' files deleted)."""
+        """Make room for one more block in this worker's share (victims' files deleted). Asked
+        at the commit, for a block this worker did write: one another replica had written
+        already costs this worker's share nothing."""
         shared = self.shared
         assert shared is not None
         for victim, _ in shared.index.make_room(1):
@@ -126,7 +128,7 @@ class Writer:
             for key, entry in victims:
                 if isinstance(key, bytes) and key not in self.shared.index:
                     (crc,) = nvme.store.read([(entry.slot, scratch)])
-                    if crc == entry.checksum and self._shared_room():
+                    if crc == entry.checksum:
                         plan = WritePlan(demoting=True, shared=[(key, entry, scratch[: self.block_bytes])])
                         self.write(plan)
                         self.commit(plan)
@@ -185,7 +187,7 @@ class Writer:
         self._commit_nvme(plan)
         shared = self.shared
         for (key, entry, _), written in zip(plan.shared, plan.shared_written, strict=True):
-            if written and shared is not None and key not in shared.index and shared.index.has_room():
+            if written and shared is not None and key not in shared.index and self._shared_room():
                 shared.index.add(key, Entry(entry.parent, entry.priority, False, time.time()))
                 if plan.demoting:
                     self.metrics.demotions.labels("shared").inc()
