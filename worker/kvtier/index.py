@@ -18,7 +18,7 @@ from strata.worker.kvtier.admission import make_admission
 Key = Hashable
 
 
-@dataclass
+@dataclass(slots=True)  # one per block held: a large NVMe tier indexes millions
 class Entry:
     parent: Key | None
     priority: int

@@ -67,75 +67,93 @@ class LruOrder:
         return None
 
 
+class _Node:
+    """A held block's place in :class:`PrefixAwareOrder`: one slotted record, not an entry in
+    each of five dicts (a large NVMe tier indexes millions of blocks)."""
+
+    __slots__ = ("children", "evictable", "parent", "priority", "tick")
+
+    def __init__(self, parent: Key | None, priority: int, tick: int, evictable: bool, children: int) -> None:
+        self.parent, self.priority, self.tick, self.evictable = parent, priority, tick, evictable
+        self.children = children
+
+
 class PrefixAwareOrder:
     """Least recently used leaf first. A lazy min-heap of (priority, tick) over the evictable
     leaves: stale entries (touched since, no longer a leaf, removed) are skipped when popped,
     so each operation is O(log n) amortised."""
 
     def __init__(self) -> None:
-        self._parent: dict[Key, Key | None] = {}
-        self._children: dict[Key, int] = {}
-        self._priority: dict[Key, int] = {}
-        self._tick: dict[Key, int] = {}
-        self._evictable: dict[Key, bool] = {}
+        self._nodes: dict[Key, _Node] = {}
+        # Children of blocks not held (counted all the same, so a parent that comes back later
+        # knows at once that it is not a leaf).
+        self._absent_children: dict[Key, int] = {}
         self._heap: list[tuple[int, int, int, Key]] = []
         self._seq = 0
 
     def add(self, key: Key, parent: Key | None, priority: int, tick: int, evictable: bool) -> None:
-        self._parent[key] = parent
-        self._priority[key] = priority
-        self._tick[key] = tick
-        self._evictable[key] = evictable
-        # Counted whether or not the parent is present, so a parent that comes back later
-        # knows at once that it is not a leaf.
+        children = self._absent_children.pop(key, 0)
+        self._nodes[key] = _Node(parent, priority, tick, evictable, children)
         if parent is not None:
-            self._children[parent] = self._children.get(parent, 0) + 1
+            self._count_child(parent, 1)
         self._push_if_candidate(key)
 
     def touch(self, key: Key, tick: int) -> None:
-        if key in self._tick:
-            self._tick[key] = tick
+        node = self._nodes.get(key)
+        if node is not None:
+            node.tick = tick
             self._push_if_candidate(key)
 
     def remove(self, key: Key) -> None:
-        if key not in self._parent:
+        node = self._nodes.pop(key, None)
+        if node is None:
             return
-        parent = self._parent.pop(key)
-        for table in (self._priority, self._tick, self._evictable):
-            del table[key]
-        if parent is not None:
-            left = self._children[parent] - 1
-            if left:
-                self._children[parent] = left
-            else:
-                del self._children[parent]
-                if parent in self._parent:
-                    self._push_if_candidate(parent)
+        if node.children:
+            self._absent_children[key] = node.children
+        if node.parent is not None:
+            self._count_child(node.parent, -1)
+
+    def _count_child(self, parent: Key, change: int) -> None:
+        node = self._nodes.get(parent)
+        if node is not None:
+            node.children += change
+            if not node.children:
+                self._push_if_candidate(parent)  # its last child went: a leaf now
+            return
+        left = self._absent_children.get(parent, 0) + change
+        if left:
+            self._absent_children[parent] = left
+        else:
+            del self._absent_children[parent]
 
     def victim(self) -> Key | None:
         while self._heap:
             _, tick, _, key = self._heap[0]
-            if self._is_candidate(key) and self._tick[key] == tick:
+            node = self._nodes.get(key)
+            if node is not None and self._is_candidate(node) and node.tick == tick:
                 return key
             heapq.heappop(self._heap)
         return None
 
-    def _is_candidate(self, key: Key) -> bool:
-        return self._evictable.get(key, False) and self._children.get(key, 0) == 0
+    @staticmethod
+    def _is_candidate(node: _Node) -> bool:
+        return node.evictable and node.children == 0
 
     def _push_if_candidate(self, key: Key) -> None:
-        if not self._is_candidate(key):
+        node = self._nodes[key]
+        if not self._is_candidate(node):
             return
         self._seq += 1
-        heapq.heappush(self._heap, (self._priority[key], self._tick[key], self._seq, key))
-        if len(self._heap) > 4 * len(self._parent) + 1024:
+        heapq.heappush(self._heap, (node.priority, node.tick, self._seq, key))
+        # Stale entries at most as many as live blocks: compacting costs O(n) per n pushes.
+        if len(self._heap) > 2 * len(self._nodes) + 1024:
             self._compact()
 
     def _compact(self) -> None:
         self._heap = [
-            (self._priority[k], self._tick[k], i, k)
-            for i, k in enumerate(self._parent)
-            if self._is_candidate(k)
+            (node.priority, node.tick, i, k)
+            for i, (k, node) in enumerate(self._nodes.items())
+            if self._is_candidate(node)
         ]
         heapq.heapify(self._heap)
 
