@@ -165,6 +165,13 @@ class KVTierConfig(_Strict):
         64, ge=0, le=256, description="Queued requests whose blocks the tiers keep and move up; 0: none."
     )
     metrics_port: int = Field(8001, ge=1, le=65535, description="Port of the sidecar's /metrics and /health.")
+    memory_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="The sidecar's memory (the DRAM tier's pages included): what its tiers' indexes are "
+        "fitted within, the shared tier's first, then NVMe's. Unset: its container's cgroup limit; none: "
+        "not fitted.",
+    )
 
 
 class WorkerConfig(_Strict):

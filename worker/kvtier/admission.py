@@ -69,6 +69,20 @@ def stable_hash(key: Key) -> int:
     return value ^ (value >> 31)
 
 
+def sketch_width(sample_size: int, most: int = COUNTER_MAX, max_bytes: int = SKETCH_MAX_BYTES) -> int:
+    """Columns of a :class:`FrequencySketch`: the power of two at or above ``2 x sample_size``
+    (at least 16 sightings), narrower where its table would outgrow ``max_bytes``."""
+    column_bytes = 1 if most <= PACKED_MAX else 4
+    widest = 1 << max(4, (max_bytes // column_bytes).bit_length() - 1)  # a power of two
+    return min(1 << (2 * max(16, sample_size) - 1).bit_length(), widest)
+
+
+def sketch_bytes(sample_size: int, most: int = COUNTER_MAX, max_bytes: int = SKETCH_MAX_BYTES) -> int:
+    """The table a :class:`FrequencySketch` of these parameters takes."""
+    width = sketch_width(sample_size, most, max_bytes)
+    return width if most <= PACKED_MAX else 4 * width
+
+
 class FrequencySketch:
     """Count-min sketch of small counters (four rows of ``width`` each, ``width`` the power of
     two at or above ``2 x sample_size``) that halves them all after ``sample_size`` increments:
@@ -84,9 +98,7 @@ class FrequencySketch:
         self.sample_size = max(16, sample_size)
         self.most = most
         packed = most <= PACKED_MAX
-        column_bytes = 1 if packed else 4
-        widest = 1 << max(4, (max_bytes // column_bytes).bit_length() - 1)  # a power of two
-        self._width = min(1 << (2 * self.sample_size - 1).bit_length(), widest)
+        self._width = sketch_width(self.sample_size, most, max_bytes)
         self._mask = self._width - 1
         # Row r's counter for a column: byte ``r x row_bytes + column``, bits from ``shifts[r]``.
         self._row_bytes = 0 if packed else self._width
@@ -215,9 +227,18 @@ class SightingCounts(SketchLearner):
     collide (rarely: four rows, each twice as wide as the window). At most 8 MiB, where the
     dict of the last million keys it replaces took 168 MiB."""
 
+    MOST = 255
+
     def __init__(self, capacity: int) -> None:
-        window = min(SIGHTINGS_WINDOW, DOORKEEPER_WINDOW * max(1, capacity))
-        self.sketch = FrequencySketch(window, most=255)
+        self.sketch = FrequencySketch(self.window(capacity), most=self.MOST)
+
+    @staticmethod
+    def window(capacity: int) -> int:
+        return min(SIGHTINGS_WINDOW, DOORKEEPER_WINDOW * max(1, capacity))
+
+    @classmethod
+    def table_bytes(cls, capacity: int) -> int:
+        return sketch_bytes(cls.window(capacity), cls.MOST)
 
     def saw(self, key: Key) -> None:
         self.sketch.increment(key)
@@ -307,9 +328,8 @@ class Adaptive:
     real tier's doorkeeper counts every sighting either way, so switching is seamless."""
 
     def __init__(self, capacity: int, eviction: str) -> None:
+        self.rate, shadow_capacity = shadows(capacity)
         capacity = max(1, capacity)
-        self.rate = max(1, capacity // SHADOW_BLOCKS)
-        shadow_capacity = max(1, capacity // self.rate)
         self.always = Shadow(shadow_capacity, eviction, Always())
         self.doorkeeper = Shadow(shadow_capacity, eviction, Doorkeeper(shadow_capacity))
         self.gate = Doorkeeper(capacity)
@@ -349,6 +369,25 @@ class Adaptive:
             raise ValueError(f"score: {learnt.score} is not a finite number")
         self.gate.restore(learnt)
         self.score = learnt.score
+
+
+def shadows(capacity: int) -> tuple[int, int]:
+    """An adaptive policy's sampling rate (one key in ``rate``) and its shadow tiers' capacity."""
+    capacity = max(1, capacity)
+    rate = max(1, capacity // SHADOW_BLOCKS)
+    return rate, max(1, capacity // rate)
+
+
+def footprint(name: str, capacity: int) -> tuple[int, int]:
+    """What the policy ``name`` holds for a tier of ``capacity`` blocks: its sketches' bytes,
+    and the keys its shadow tiers index (keys and eviction order only, no data)."""
+    if name == "always":
+        return 0, 0
+    gate = sketch_bytes(DOORKEEPER_WINDOW * max(1, capacity))
+    if name == "doorkeeper":
+        return gate, 0
+    _, shadow_capacity = shadows(capacity)
+    return gate + sketch_bytes(DOORKEEPER_WINDOW * shadow_capacity), 2 * shadow_capacity
 
 
 def make_admission(name: str, capacity: int, eviction: str) -> Admission:

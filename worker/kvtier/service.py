@@ -22,6 +22,7 @@ from pathlib import Path
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
+from strata.worker.kvtier.budget import Blocks, Fit, fit, fixed_bytes, memory_limit
 from strata.worker.kvtier.demoter import Demoter
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.janitor import Janitor
@@ -103,6 +104,7 @@ class KVTierService:
         self.dram: DramTier | None = None
         self.nvme: NvmeTier | None = None
         self.shared: SharedTier | None = None
+        self.memory: Fit | None = None  # what each tier may index within the sidecar's memory
         self._lock = threading.RLock()
         self._mover: Mover | None = None
         self._demoter: Demoter | None = None  # write-back with a lower tier: keeps DRAM slots free
@@ -148,24 +150,22 @@ class KVTierService:
     def _build(self, block_bytes: int) -> None:
         cfg = self.config
         self.block_bytes, self.slot_bytes = block_bytes, slot_bytes_for(block_bytes)
-        dram_slots = cfg.dram.capacity_bytes // self.slot_bytes
+        self.memory = self._fit_memory()
+        dram_slots = self.memory.fitted.dram
         arena = SlotArena(cfg.dram.shm_path, self.slot_bytes, dram_slots + self.staging_slots, create=True)
         threading.Thread(target=arena.preallocate, name="kvtier-preallocate", daemon=True).start()
         table, self._found = open_table(cfg, arena, dram_slots, block_bytes)
         held = [record.slot for record in self._found.records]
         eviction, admission = cfg.dram.eviction, cfg.dram.admission
         self.dram = DramTier(arena, dram_slots, block_bytes, eviction, admission, table, held)
-        nvme_slots = cfg.nvme.capacity_bytes // self.slot_bytes
+        nvme_slots = self.memory.fitted.nvme
         if nvme_slots:
             store = NvmeStore(cfg.nvme.path, self.slot_bytes, block_bytes, nvme_slots, cfg.nvme.io_threads)
             self.nvme = NvmeTier(store, cfg.nvme.persistent, cfg.nvme.eviction, cfg.nvme.admission)
         if cfg.shared.enabled:
             self._janitor = Janitor(Path(cfg.shared.path), cfg.shared.capacity_bytes, self.metrics.swept)
-            self.shared = SharedTier(
-                FilesystemBlockStore(cfg.shared.path),
-                cfg.shared.capacity_bytes // block_bytes,
-                on_full=self._janitor.full,
-            )
+            volume = FilesystemBlockStore(cfg.shared.path)
+            self.shared = SharedTier(volume, self.memory.fitted.shared, on_full=self._janitor.full)
             self._janitor.start()
         self._mover = Mover(cfg, self.metrics, (self.dram, self.nvme, self.shared), self._pinned)
         if dram_slots:
@@ -181,6 +181,24 @@ class KVTierService:
         self._keeper, self._admission_state = open_places(self._admission_places())
         self._publish_capacity()
         log.info("kvtier: dram %d, nvme %d slots of %d bytes", dram_slots, nvme_slots, self.slot_bytes)
+
+    def _fit_memory(self) -> Fit:
+        """The blocks each tier may index within the sidecar's memory (``budget``)."""
+        cfg, slot_bytes = self.config, self.slot_bytes
+        shared = cfg.shared.capacity_bytes // self.block_bytes if cfg.shared.enabled else 0
+        asked = Blocks(cfg.dram.capacity_bytes // slot_bytes, cfg.nvme.capacity_bytes // slot_bytes, shared)
+        fixed = fixed_bytes(cfg, asked, slot_bytes, self.staging_slots)
+        fitted = fit(asked, memory_limit(cfg.memory_bytes), fixed, slot_bytes)
+        if fitted.clipped:
+            log.warning(
+                "kvtier: %d-byte blocks: indexes fitted within %d bytes of memory: %s of %s blocks",
+                self.block_bytes,
+                fitted.limit,
+                fitted.fitted,
+                fitted.asked,
+                extra={"event": "memory_fit", **fitted.report()},
+            )
+        return fitted
 
     def _admission_places(self) -> list[Place]:
         """Each tier whose admission policy may keep what it learnt (``sightings``)."""
@@ -685,6 +703,7 @@ class KVTierService:
                 "recovery": self._found.stats(self._recovery.pending if self._recovery else 0),
                 "admission_state": dict(self._admission_state),
                 "shared_janitor": _janitor_stats(self._janitor),
+                "memory": self.memory.report() if self.memory else None,
             }
 
     def close(self) -> None:

@@ -1,0 +1,108 @@
+"""The sidecar fits its tiers' indexes within its memory: the shared tier gives way first, then
+NVMe, then DRAM; the limit comes from the config or the container's cgroup."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+from strata.worker.kvtier import budget
+from strata.worker.kvtier.admission import SightingCounts, footprint
+from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
+from strata.worker.kvtier.budget import Blocks, fit, fixed_bytes, memory_limit
+from strata.worker.kvtier.service import KVTierService
+
+from .conftest import MiB, kvtier_config
+
+SLOT = 4096
+ASKED = Blocks(dram=100, nvme=1000, shared=5000)
+
+
+def test_without_a_limit_every_tier_keeps_its_size():
+    fitted = fit(ASKED, None, fixed=10 * MiB, slot_bytes=SLOT)
+    assert fitted.fitted == ASKED and not fitted.clipped
+
+
+def test_a_limit_with_room_for_everything_clips_nothing():
+    need = 100 * (SLOT + PER_BLOCK) + 6000 * PER_BLOCK
+    assert fit(ASKED, MiB + need, fixed=MiB, slot_bytes=SLOT).fitted == ASKED
+
+
+@pytest.mark.parametrize(
+    ("room", "expected"),
+    [
+        (6000 - 1, Blocks(100, 1000, 4999)),  # the shared tier gives way first
+        (1000, Blocks(100, 1000, 0)),
+        (400, Blocks(100, 400, 0)),  # then NVMe
+        (0, Blocks(100, 0, 0)),
+    ],
+)
+def test_the_shared_tier_gives_way_first_then_nvme(room, expected):
+    limit = MiB + 100 * (SLOT + PER_BLOCK) + room * PER_BLOCK
+    fitted = fit(ASKED, limit, fixed=MiB, slot_bytes=SLOT)
+    assert fitted.fitted == expected and fitted.clipped
+    assert fitted.report()["fitted"] == dataclasses.asdict(expected)
+
+
+def test_dram_gives_way_last_and_nothing_goes_negative():
+    limit = MiB + 40 * (SLOT + PER_BLOCK) + PER_BLOCK // 2
+    assert fit(ASKED, limit, fixed=MiB, slot_bytes=SLOT).fitted == Blocks(40, 0, 0)
+    assert fit(ASKED, MiB // 2, fixed=MiB, slot_bytes=SLOT).fitted == Blocks(0, 0, 0)
+
+
+def test_the_fixed_part_counts_the_admission_policies_sketches_and_shadows(root):
+    asked = Blocks(dram=64_000, nvme=512_000, shared=0)
+    plain = kvtier_config(root, dram={"admission": "always"}, nvme={"admission": "always"})
+    learning = kvtier_config(root, dram={"admission": "adaptive"}, nvme={"admission": "doorkeeper"})
+    sightings = SightingCounts.table_bytes(asked.nvme)  # nvme.admit_after_hits' counts
+    dram_table, shadow_keys = footprint("adaptive", asked.dram)
+    nvme_table, _ = footprint("doorkeeper", asked.nvme)
+    assert shadow_keys and dram_table < nvme_table
+    base = budget.BASE_BYTES + 8 * SLOT
+    # each table, once more the largest (a save's copy), the shadow tiers' keys
+    assert fixed_bytes(plain, asked, SLOT, staging_slots=8) == base + 2 * sightings
+    learnt = dram_table + nvme_table + sightings + max(nvme_table, sightings) + shadow_keys * PER_BLOCK
+    assert fixed_bytes(learning, asked, SLOT, staging_slots=8) == base + learnt
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [("max\n", None), ("9223372036854771712\n", None), ("2147483648\n", 2 << 30), ("garbage", None)],
+)
+def test_the_limit_is_read_from_the_containers_cgroup(tmp_path, monkeypatch, text, limit):
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(budget, "CGROUP_LIMITS", (v2, v1))
+    assert memory_limit(None) is None  # neither file: no container limit known
+    v1.write_text("1073741824\n")
+    assert memory_limit(None) == 1 << 30  # cgroup v1
+    v2.write_text(text)
+    assert memory_limit(None) == (limit if text != "garbage" else 1 << 30)
+    assert memory_limit(5 * MiB) == 5 * MiB  # the config's wins
+
+
+def test_a_sidecar_with_little_memory_indexes_fewer_lower_tier_blocks_and_says_so(root, caplog):
+    shared = {"enabled": True, "capacity_bytes": 64 * MiB}
+    unfitted = KVTierService(kvtier_config(root / "a", shared=shared), staging_slots=4)
+    unfitted.configure(SLOT)
+    asked = unfitted.memory
+    assert asked is not None and not asked.clipped and asked.fitted.shared == 64 * MiB // SLOT
+    unfitted.close()
+    nvme_blocks = asked.asked.nvme
+    limit = asked.fixed + asked.asked.dram * (SLOT + PER_BLOCK) + (nvme_blocks + 100) * PER_BLOCK
+    config = kvtier_config(root / "b", shared=shared, memory_bytes=limit)
+    service = KVTierService(config, staging_slots=4)
+    with caplog.at_level(logging.WARNING, logger="strata.worker.kvtier.service"):
+        service.configure(SLOT)
+    try:
+        assert service.nvme is not None and service.shared is not None
+        assert service.nvme.index.capacity == nvme_blocks and service.shared.index.capacity == 100
+        memory = service.stats()["memory"]
+        assert isinstance(memory, dict) and memory["limit_bytes"] == limit
+        assert memory["fitted"]["shared"] == 100 and memory["asked"]["shared"] == 64 * MiB // SLOT
+        assert service.metrics.capacity_bytes.labels("shared")._value.get() == 100 * SLOT
+        (said,) = [r for r in caplog.records if getattr(r, "event", None) == "memory_fit"]
+        assert "fitted within" in said.getMessage()
+    finally:
+        service.close()

@@ -1,0 +1,112 @@
+"""How many blocks the sidecar may index within the memory it was given.
+
+Why: the sidecar's container is limited to the DRAM tier's pages plus an overhead that the
+operator sizes for blocks of 1 MiB or more (operator/render/pod.py). Its indexes cost memory
+per block held (``INDEX_BYTES_PER_BLOCK``), and a tier's count of blocks is its size over the
+model's block size, which only the engine knows, at its first hello: 1 TiB of NVMe is 512k
+blocks of an 8B model (2 MiB at 16 tokens a block) but 5.6M of a 0.5B model (192 KiB), whose
+index would take over 5 GiB. Filled, such a tier got the sidecar killed by the kernel, and
+again at every restart as it recovered the NVMe index.
+
+So at its start the sidecar fits what it will index within its memory (``fit``, pure): the
+shared tier gives way first (its index bounds only what this worker writes there; every block
+on the volume stays readable), then NVMe, then DRAM; and it says so (a warning, the capacity
+gauges, ``stats()["memory"]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from strata.worker.config import KVTierConfig
+from strata.worker.kvtier.admission import SightingCounts, footprint
+
+# What one held block costs the sidecar: its index entry, its place in the eviction order (up
+# to twice, stale heap entries included) and the block events' copy of its key. 650-840 bytes
+# measured (`python -m bench kvtier`, `index_bytes_per_block`, which checks it stays below).
+INDEX_BYTES_PER_BLOCK = 1024
+# The interpreter and its modules (24 MiB measured), threads, the connections' buffers.
+BASE_BYTES = 128 << 20
+# Where a container finds its memory limit: cgroup v2, then v1. A value this large means none.
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+UNLIMITED = 1 << 60
+
+
+@dataclass(frozen=True)
+class Blocks:
+    dram: int
+    nvme: int
+    shared: int
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What each tier may index (``fitted``) of what its size asked for (``asked``)."""
+
+    asked: Blocks
+    fitted: Blocks
+    limit: int | None  # bytes; None: no limit was known, nothing was fitted
+    fixed: int = 0  # bytes held whatever is indexed: see ``fixed_bytes``
+
+    @property
+    def clipped(self) -> bool:
+        return self.fitted != self.asked
+
+    def report(self) -> dict[str, object]:
+        return {
+            "limit_bytes": self.limit,
+            "fixed_bytes": self.fixed,
+            "index_bytes_per_block": INDEX_BYTES_PER_BLOCK,
+            "asked": asdict(self.asked),
+            "fitted": asdict(self.fitted),
+        }
+
+
+def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int) -> Fit:
+    """The blocks each tier may index within ``limit`` bytes, of which ``fixed`` are taken
+    anyway; a DRAM block costs its slot's pages too."""
+    if limit is None:
+        return Fit(asked, asked, None, fixed)
+    budget = max(0, limit - fixed)
+    dram = min(asked.dram, budget // (slot_bytes + INDEX_BYTES_PER_BLOCK))
+    room = (budget - dram * (slot_bytes + INDEX_BYTES_PER_BLOCK)) // INDEX_BYTES_PER_BLOCK
+    nvme = min(asked.nvme, room)
+    shared = min(asked.shared, room - nvme)
+    return Fit(asked, Blocks(dram, nvme, shared), limit, fixed)
+
+
+def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_slots: int) -> int:
+    """What the sidecar holds whatever it indexes: the interpreter, the staging slots' pages, and
+    the admission policies' sketches and shadow tiers at the asked sizes (at most what the fitted
+    ones take), with room for a save's copy of the largest sketch."""
+    tables = [0]
+    keys = 0
+    for policy, capacity in ((config.dram.admission, asked.dram), (config.nvme.admission, asked.nvme)):
+        if capacity:
+            table, shadow_keys = footprint(policy, capacity)
+            tables.append(table)
+            keys += shadow_keys
+    if asked.nvme:
+        tables.append(SightingCounts.table_bytes(asked.nvme))
+    sketches = sum(tables) + max(tables) + keys * INDEX_BYTES_PER_BLOCK
+    return BASE_BYTES + staging_slots * slot_bytes + sketches
+
+
+def memory_limit(configured: int | None) -> int | None:
+    """``configured`` when set, else the container's cgroup limit; None when there is none."""
+    if configured:
+        return configured
+    for path in CGROUP_LIMITS:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        return value if value < UNLIMITED else None
+    return None
