@@ -46,14 +46,16 @@ class TierIndex:
     expects (``expect``) are never victims, and expected blocks are always admitted.
     """
 
-    def __init__(self, capacity: int, eviction: str, admission: str = "always") -> None:
+    def __init__(self, capacity: int, eviction: str, admission: str = "always", expires: bool = True) -> None:
         if capacity < 0:
             raise ValueError(f"capacity: must be >= 0, got {capacity}")
         self.capacity = capacity
         self._order = policy.make_order(eviction)
         self.admission = make_admission(admission, capacity, eviction)
         self._entries: dict[Key, Entry] = {}
-        self._recency: OrderedDict[Key, None] = OrderedDict()  # unpinned, oldest first: retention
+        # Unpinned, oldest first: for ``expired`` (retention). None where blocks do not expire (a
+        # tenth of a large tier's index).
+        self._recency: OrderedDict[Key, None] | None = OrderedDict() if expires else None
         self._expected: Counter[Key] = Counter()
         self._tick = 0
         self.admitted = self.refused = 0  # offered blocks let in or not (metrics)
@@ -85,7 +87,7 @@ class TierIndex:
         self._tick += 1
         entry.tick = self._tick
         self._order.touch(key, self._tick)
-        if not entry.pinned:
+        if not entry.pinned and self._recency is not None:
             self._recency.move_to_end(key)
 
     def record_hit(self, key: Key, parent: Key | None) -> None:
@@ -128,7 +130,7 @@ class TierIndex:
         self._tick += 1
         entry.tick = self._tick
         self._order.add(key, entry.parent, entry.priority, self._tick, self._evictable(key, entry))
-        if not entry.pinned:
+        if not entry.pinned and self._recency is not None:
             self._recency[key] = None
         if self._listener is not None:
             self._listener.stored(self._tier, [key])
@@ -146,7 +148,8 @@ class TierIndex:
     def remove(self, key: Key) -> Entry:
         entry = self._entries.pop(key)
         self._order.remove(key)
-        self._recency.pop(key, None)
+        if self._recency is not None:
+            self._recency.pop(key, None)
         if self._listener is not None:
             self._listener.removed(self._tier, [key])
         return entry
@@ -157,7 +160,8 @@ class TierIndex:
         if entry is None or entry.pinned:
             return
         entry.pinned = True
-        self._recency.pop(key, None)
+        if self._recency is not None:
+            self._recency.pop(key, None)
         self._reorder(key)
 
     def expect(self, keys: Iterable[Key]) -> None:
@@ -182,6 +186,8 @@ class TierIndex:
 
     def expired(self, now: float, retention_s: float) -> list[Key]:
         """Unpinned blocks unused for longer than ``retention_s`` (oldest first)."""
+        if self._recency is None:
+            raise RuntimeError("expired: this index was made without expiry (expires=False)")
         stale: list[Key] = []
         for key in self._recency:
             if now - self._entries[key].last_used <= retention_s:

@@ -117,9 +117,16 @@ class DramTier:
 class NvmeTier:
     """Blocks in the slots of a preallocated file, indexed in memory and in the store's log."""
 
-    def __init__(self, store: NvmeStore, persistent: bool, eviction: str, admission: str = "always") -> None:
+    def __init__(
+        self,
+        store: NvmeStore,
+        persistent: bool,
+        eviction: str,
+        admission: str = "always",
+        expires: bool = True,
+    ) -> None:
         self.store = store
-        self.index = TierIndex(store.num_slots, eviction, admission)
+        self.index = TierIndex(store.num_slots, eviction, admission, expires)
         recovered = store.recover(persistent)
         used = set()
         now = time.time()
@@ -161,7 +168,7 @@ class SharedTier:
         on_full: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
-        self.index = TierIndex(capacity, "lru")
+        self.index = TierIndex(capacity, "lru", expires=False)  # retention leaves the volume alone
         self.backoff_s = backoff_s
         self.on_full = on_full  # the volume's janitor, told when a write finds it full
         self._down_until = 0.0
