@@ -1,5 +1,6 @@
 """The sidecar fits its tiers' indexes within its memory: the shared tier gives way first, then
-NVMe, then DRAM; the limit comes from the config or the container's cgroup."""
+NVMe, then DRAM; the limit comes from the config or the container's cgroup. The staging slots
+take what the operator gives them, and indexes that never expire keep no recency list."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import logging
 
 import pytest
 
+from strata.worker.config import KVTIER_STAGING_BYTES
 from strata.worker.kvtier import budget
 from strata.worker.kvtier.admission import SightingCounts, footprint
+from strata.worker.kvtier.arena import slot_bytes_for
 from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
 from strata.worker.kvtier.budget import Blocks, fit, fixed_bytes, memory_limit
-from strata.worker.kvtier.service import KVTierService
+from strata.worker.kvtier.index import Entry, TierIndex
+from strata.worker.kvtier.service import LEAST_STAGING_SLOTS, KVTierService, staging_slots_for
 
 from .conftest import MiB, kvtier_config
 
@@ -106,3 +110,30 @@ def test_a_sidecar_with_little_memory_indexes_fewer_lower_tier_blocks_and_says_s
         assert "fitted within" in said.getMessage()
     finally:
         service.close()
+
+
+@pytest.mark.parametrize(("block_mib", "slots"), [(0.1875, 96), (2, 96), (5, 51), (10, 25), (40, 12)])
+def test_staging_slots_fit_the_bytes_the_operator_gives_them(block_mib, slots):
+    slot_bytes = slot_bytes_for(int(block_mib * MiB))
+    assert staging_slots_for(slot_bytes) == slots
+    assert slots * slot_bytes <= KVTIER_STAGING_BYTES or slots == LEAST_STAGING_SLOTS
+
+
+def test_a_sidecar_sizes_its_staging_slots_by_the_engines_blocks(root):
+    service = KVTierService(kvtier_config(root, dram={"capacity_bytes": 64 * MiB}))
+    try:
+        reply = service.configure(5 * MiB)
+        assert reply["max_batch"] == service.staging_slots == 51
+        assert reply["num_slots"] == 64 * MiB // service.slot_bytes + 51
+    finally:
+        service.close()
+
+
+def test_indexes_that_never_expire_keep_no_recency_list():
+    index = TierIndex(10, "prefix-aware", expires=False)
+    index.add(b"a", Entry(parent=None, priority=0, pinned=False, last_used=0.0))
+    index.touch(b"a", 5.0)
+    index.pin(b"a")
+    assert index.remove(b"a").last_used == 5.0
+    with pytest.raises(RuntimeError, match="without expiry"):
+        index.expired(100.0, 1.0)

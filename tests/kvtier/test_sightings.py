@@ -204,9 +204,14 @@ def test_the_keeper_copies_no_sketch_while_the_dram_tier_is_still_allocating(tmp
     """Exporting a sketch costs a copy of its counters; while the place cannot be written yet,
     the keeper does not make one."""
     door = Doorkeeper(10)
-    exports = []
+    exports: list[int] = []
     learnt = door.learnt
-    door.learnt = lambda: exports.append(1) or learnt()  # type: ignore[method-assign]
+
+    def counted() -> Any:
+        exports.append(1)
+        return learnt()
+
+    door.learnt = counted  # type: ignore[method-assign]
     allocated = threading.Event()
     place = sightings.Place("dram", "doorkeeper", door, tmp_path / "kv.admission", ready=allocated.is_set)
     keeper = sightings.Keeper([place])

@@ -262,6 +262,7 @@ def test_a_changed_layout_starts_empty_and_says_why(root, change, reason, caplog
     block = change.get("block", BLOCK)
     overrides = {**NO_LOWER, **{k: v for k, v in change.items() if k != "block"}}
     again = KVTierService(kvtier_config(root, **overrides), staging_slots=4, background_demotion=False)
+    caplog.clear()  # the first start's records too, where an earlier test left INFO on
     with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.recovery"):
         again.configure(block)
     said = [r for r in caplog.records if getattr(r, "event", None) == "dram_recovery"]

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from strata.worker.block_events import BlockEvents
-from strata.worker.config import KVTierConfig
+from strata.worker.config import KVTIER_STAGING_BYTES, KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.budget import Blocks, Fit, fit, fixed_bytes, memory_limit
 from strata.worker.kvtier.demoter import Demoter
@@ -77,8 +77,10 @@ class ReadAhead:
 
 Block = tuple[bytes, Entry]
 # Three save batches of 32 blocks: one being committed, one on its way, one being reserved
-# (the client saves in batches of a third of these); a load reads half of them per answer.
+# (the client saves in batches of a third of these); a load reads half of them per answer. Fewer
+# of blocks too large for KVTIER_STAGING_BYTES (a 70B model's 5 MiB: 51), never under the least.
 STAGING_SLOTS = 96
+LEAST_STAGING_SLOTS = 12
 PREALLOCATED_WAIT_S = 30.0  # a stop right after a start waits this long, at most, for the DRAM pages
 STAGING_WAIT_S = 120.0  # a reserve waits at most this long for in-flight puts' staging slots
 MIN_ANSWER = 8  # blocks: a load's answers from the lower tiers are not cut shorter than this
@@ -86,19 +88,24 @@ PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet lo
 MAX_EXPECTED = 256  # queued requests a connection may announce; the oldest are forgotten first
 
 
+def staging_slots_for(slot_bytes: int) -> int:
+    return max(LEAST_STAGING_SLOTS, min(STAGING_SLOTS, KVTIER_STAGING_BYTES // slot_bytes))
+
+
 class KVTierService:
     def __init__(
         self,
         config: KVTierConfig,
         metrics: TierMetrics | None = None,
-        staging_slots: int = STAGING_SLOTS,
+        staging_slots: int | None = None,
         background_demotion: bool = True,
     ) -> None:
         self.config = config
         self.background_demotion = background_demotion  # off: demotion only when room is needed
         self.metrics = metrics or TierMetrics()
         self.events = BlockEvents()  # what each tier holds, for routers (GET /kv/events)
-        self.staging_slots = staging_slots
+        self._staging_asked = staging_slots  # None: as many as KVTIER_STAGING_BYTES holds
+        self.staging_slots = staging_slots or STAGING_SLOTS
         self.block_bytes = 0
         self.slot_bytes = 0
         self.dram: DramTier | None = None
@@ -150,6 +157,7 @@ class KVTierService:
     def _build(self, block_bytes: int) -> None:
         cfg = self.config
         self.block_bytes, self.slot_bytes = block_bytes, slot_bytes_for(block_bytes)
+        self.staging_slots = self._staging_asked or staging_slots_for(self.slot_bytes)
         self.memory = self._fit_memory()
         dram_slots = self.memory.fitted.dram
         arena = SlotArena(cfg.dram.shm_path, self.slot_bytes, dram_slots + self.staging_slots, create=True)
@@ -161,7 +169,8 @@ class KVTierService:
         nvme_slots = self.memory.fitted.nvme
         if nvme_slots:
             store = NvmeStore(cfg.nvme.path, self.slot_bytes, block_bytes, nvme_slots, cfg.nvme.io_threads)
-            self.nvme = NvmeTier(store, cfg.nvme.persistent, cfg.nvme.eviction, cfg.nvme.admission)
+            expires = cfg.retention_s is not None
+            self.nvme = NvmeTier(store, cfg.nvme.persistent, cfg.nvme.eviction, cfg.nvme.admission, expires)
         if cfg.shared.enabled:
             self._janitor = Janitor(Path(cfg.shared.path), cfg.shared.capacity_bytes, self.metrics.swept)
             volume = FilesystemBlockStore(cfg.shared.path)
