@@ -26,6 +26,7 @@ from strata.operator.tenancy import cache_namespace
 from strata.router.config import HoldConfig, PriorityConfig, QueueConfig, RouterConfig, WorkersConfig
 from strata.router.config import ModelConfig as RouterModel
 from strata.worker.config import (
+    KVTIER_STAGING_BYTES,
     DramTierConfig,
     EngineConfig,
     KVTierConfig,
@@ -44,6 +45,13 @@ KV_METRICS_PORT = 8001
 # long answer (thousands of tokens) on a busy GPU. The pod's grace period is derived from it.
 GENERATION_BUDGET_S = 120.0
 ROUTER_PORT = 8000  # the router pods' own IPs: the same port the clients always used
+# The KV-tier sidecar's memory beside the DRAM tier's and the staging slots' pages: the
+# interpreter, connections, and the admission policies' sketches (at most 64 MiB each).
+SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
+# Its NVMe and shared tiers' indexes take about 1 KiB a block: this covers blocks of 1 MiB or more
+# (an 8B model's are 2 MiB at 16 tokens a block; 1 TiB of lower tiers gets 1 GiB). With smaller
+# blocks the sidecar fits those tiers within its memory and says so (worker/kvtier/budget.py).
+LOWER_TIER_BYTES_PER_INDEX_BYTE = 1024
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_TIER_NOT_FOUND = "TierNotFound"
@@ -177,6 +185,14 @@ def model_path(isvc: InferenceService) -> str:
     return MODEL_DIR if isvc.spec.model.source.pvc is not None else f"{MODEL_DIR}/model"
 
 
+def sidecar_memory_bytes(dram: int, nvme: int, shared: int) -> int:
+    """The KV-tier sidecar's memory (its container's request and limit, and what it fits its
+    indexes within): the DRAM tier's and the staging slots' pages, a fixed overhead, and the
+    lower tiers' indexes."""
+    lower_tiers_index = (nvme + shared) // LOWER_TIER_BYTES_PER_INDEX_BYTE
+    return dram + KVTIER_STAGING_BYTES + SIDECAR_MEMORY_OVERHEAD_BYTES + lower_tiers_index
+
+
 def _worker_config(
     isvc: InferenceService, tier: ServiceTier, dram: int, nvme: int, salt: str
 ) -> WorkerConfig:
@@ -224,6 +240,7 @@ def _worker_config(
             priority=tier.spec.priority,
             metrics_port=KV_METRICS_PORT,
             pinned_prefixes=list(spec.cache.pinned_prefixes or []),
+            memory_bytes=sidecar_memory_bytes(dram, nvme, shared_bytes),
         ),
         cache_namespace=salt,
         service_tier=tier.metadata.get("name", spec.tier),

@@ -17,7 +17,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 LOCAL_NVME_LABEL = "strata.dev/local-nvme"
 HOSTNAME_KEY = "kubernetes.io/hostname"
-SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
 SIDECAR_CPU = "500m"
 FETCHER_CPU, FETCHER_MEMORY, FETCHER_MEMORY_LIMIT = "500m", "1Gi", "4Gi"  # the model download's
 # The engine and the sidecar listen on the pod IP (expanded by the kubelet from the POD_IP env var),
@@ -149,7 +148,9 @@ def kvtier_sidecar(plan: ServicePlan, settings: OperatorSettings) -> Manifest | 
     started, before the engine, and is stopped only after the engine has exited."""
     if not plan.kv_sidecar:
         return None
-    memory = bytes_quantity(plan.dram_bytes + SIDECAR_MEMORY_OVERHEAD_BYTES)
+    memory_bytes = plan.worker.kvtier.memory_bytes
+    assert memory_bytes is not None  # resolve sizes every sidecar it enables
+    memory = bytes_quantity(memory_bytes)
     return {
         "name": "kvtier",
         "image": image(plan, settings),

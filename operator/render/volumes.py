@@ -10,6 +10,7 @@ from strata.operator import names
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest, bytes_quantity
 from strata.operator.settings import OperatorSettings
+from strata.worker.config import KVTIER_STAGING_BYTES
 
 MODEL_DIR = "/models"
 # Headroom above the DRAM tier for what the engine itself puts in /dev/shm (e.g. torch IPC).
@@ -20,7 +21,9 @@ HOST_PATH_SUBDIR = "$(POD_NAMESPACE)/$(POD_NAME)"
 
 
 def shm_size_bytes(plan: ServicePlan) -> int:
-    return plan.dram_bytes + SHM_HEADROOM_BYTES
+    """The DRAM tier, the sidecar's staging slots beside it, and the engine's own use."""
+    staging = KVTIER_STAGING_BYTES if plan.kv_sidecar else 0
+    return plan.dram_bytes + staging + SHM_HEADROOM_BYTES
 
 
 def nvme_claim_spec(plan: ServicePlan) -> Manifest:

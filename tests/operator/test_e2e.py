@@ -90,7 +90,10 @@ def test_create_runs_hardened_gpu_pods_with_the_kv_sidecar(cluster: Cluster, nam
     sidecar = next(c for c in spec["initContainers"] if c["name"] == "kvtier")
     assert sidecar["restartPolicy"] == "Always"
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1280Mi"}
+    assert volumes["shm"]["emptyDir"] == {
+        "medium": "Memory",
+        "sizeLimit": "1536Mi",
+    }  # 1Gi + 256Mi staging + 256Mi
     assert volumes["nvme"]["hostPath"]["path"] == NVME_HOST_PATH
     assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["seccompProfile"]["type"] == (
         "RuntimeDefault"

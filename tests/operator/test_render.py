@@ -20,7 +20,7 @@ from strata.operator.render.volumes import SHM_HEADROOM_BYTES
 from strata.operator.render.workload import render_workload
 from strata.operator.resolve import GENERATION_BUDGET_S, ResolveInput, resolve
 from strata.operator.settings import OperatorSettings
-from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
+from strata.worker.config import DRAIN_CUTOFF_S, KVTIER_STAGING_BYTES, WorkerConfig
 
 from .factories import NS_UID, isvc_body, tier_body
 
@@ -111,8 +111,11 @@ def test_kvtier_is_a_native_sidecar_after_the_model_fetcher():
     assert sidecar["args"] == ["--host=$(POD_IP)"]
     assert sidecar["readinessProbe"]["httpGet"]["port"] == "kv-metrics"
     assert fetch["command"][3:5] == ["--source", "builtin://tiny"]
-    # The DRAM tier lives in the sidecar's memory: its limit covers it.
-    assert sidecar["resources"]["limits"]["memory"] == "33280Mi"  # 32Gi + 512Mi
+    # The DRAM tier lives in the sidecar's memory: its limit covers it, the staging slots, the
+    # fixed overhead and the NVMe tier's index (1/1024 of its 200Gi); the sidecar fits its
+    # indexes within the same.
+    assert sidecar["resources"]["limits"]["memory"] == "33736Mi"  # 32Gi + 256Mi + 512Mi + 200Mi
+    assert plan.worker.kvtier.memory_bytes == 33736 * 2**20
 
 
 @pytest.mark.parametrize(
@@ -145,7 +148,8 @@ def test_shm_is_memory_backed_and_sized_to_the_dram_tier(tier):
     plan, settings = make(tier)
     shm = volumes_by_name(render_pod_template(plan, settings))["shm"]["emptyDir"]
     assert shm["medium"] == "Memory"
-    size = {"premium": 32, "standard": 16, "batch": 8}[tier] * 2**30 + SHM_HEADROOM_BYTES
+    dram = {"premium": 32, "standard": 16, "batch": 8}[tier] * 2**30
+    size = dram + KVTIER_STAGING_BYTES + SHM_HEADROOM_BYTES  # the sidecar's staging slots beside it
     assert shm["sizeLimit"] == f"{size // 2**20}Mi"
 
 
