@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from bench import kvtier_hits
+from bench import kvtier_hits, kvtier_memory
 from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth
 from bench.kvtier_sidecar import config, drop_page_cache, sidecar
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
@@ -139,6 +139,7 @@ def run() -> dict[str, Any]:
         result: dict[str, Any] = {"copy_path": path_name()} | bandwidth(root)
         result["ttft_s"] = ttft(root)
         result |= kvtier_hits.run()
+        result["index_memory"] = kvtier_memory.run()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result["ratios"] = ratios(result)
@@ -209,5 +210,7 @@ def summary(result: dict[str, Any]) -> str:
         "of direct I/O through a staging copy), "
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
-        f"at 5k blocks (conversation)"
+        f"at 5k blocks (conversation), "
+        f"{result['index_memory']['rss_bytes_per_block']} bytes of sidecar memory per block indexed "
+        f"(fitted by {result['index_memory']['estimate_bytes_per_block']})"
     )
