@@ -206,6 +206,16 @@ def health_alerts() -> list[Alert]:
             "Check the node's disk or the shared volume.",
         ),
         Alert(
+            "StrataKVTierFittedToMemory",
+            f"min {by(*BY_SERVICE, CACHE_TIER)} ({K}capacity_bytes / {K}configured_bytes) < 1",
+            "5m",
+            "warning",
+            f"{SERVICE_TEXT}: the {{{{ $labels.tier }}}} cache tier holds less than its size",
+            "The sidecar indexes {{ $value | humanizePercentage }} of the tier's size: the model's KV "
+            "blocks are small (under 1 MiB) and their index outgrew the memory the sidecar has. Raise "
+            "spec.engine.blockSize or lower the tier's size (docs/kvtier.md, Memory).",
+        ),
+        Alert(
             "StrataOperatorReconcileErrors",
             f"sum {by(NAMESPACE, POD)} (increase(strata_operator_reconcile_errors_total[15m])) > 0",
             "10m",

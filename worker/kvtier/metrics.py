@@ -40,6 +40,11 @@ class TierMetrics:
         self.used_bytes = gauge("used_bytes", "Bytes of blocks held.")
         self.blocks = gauge("blocks", "Blocks held.")
         self.capacity_bytes = gauge("capacity_bytes", "Bytes the tier may hold.")
+        self.configured_bytes = gauge(
+            "configured_bytes",
+            "The tier's configured size; above capacity_bytes where the sidecar fitted the tier's index "
+            "within its memory.",
+        )
         self.hits = counter("hits", "Blocks found in the tier on lookup.")
         self.misses = counter("misses", "Lookups that ended at this tier (the first missing block).")
         self.evictions = counter("evictions", "Blocks evicted from the tier.")

@@ -264,12 +264,14 @@ class KVTierService:
 
     def _publish_capacity(self) -> None:
         m = self.metrics
-        for name, tier_capacity in (
-            ("dram", self.dram.capacity if self.dram else 0),
-            ("nvme", self.nvme.index.capacity if self.nvme else 0),
-            ("shared", self.shared.index.capacity if self.shared else 0),
+        asked = self.memory.asked if self.memory else Blocks(0, 0, 0)
+        for name, tier_capacity, configured in (
+            ("dram", self.dram.capacity if self.dram else 0, asked.dram),
+            ("nvme", self.nvme.index.capacity if self.nvme else 0, asked.nvme),
+            ("shared", self.shared.index.capacity if self.shared else 0, asked.shared),
         ):
             m.capacity_bytes.labels(name).set(tier_capacity * self.block_bytes)
+            m.configured_bytes.labels(name).set(configured * self.block_bytes)
         self._require().publish_usage()
 
     def _poke_demoter(self) -> None:
