@@ -235,7 +235,7 @@ def test_the_index_log_is_compacted_only_when_outgrown_without_listing_every_blo
     listed: list[int] = []
     real_records = NvmeTier.records
 
-    def records(tier: NvmeTier) -> list[Record]:
+    def records(tier: NvmeTier) -> Iterator[Record]:
         listed.append(len(tier.index))
         return real_records(tier)
 

@@ -166,9 +166,11 @@ class NvmeStore:
         that a commit does not build every live record (an index of millions) to find out."""
         return log_outgrown(self._log_records, live)
 
-    def compact(self, live: Sequence[Record]) -> None:
+    def compact(self, live: Iterable[Record], count: int) -> None:
+        """Rewrite the log with the ``count`` records of ``live``, taken one at a time: an index
+        of millions is not copied into a list of records first."""
         with self._log_lock:
-            if log_outgrown(self._log_records, len(live)):
+            if log_outgrown(self._log_records, count):
                 self._rewrite_log(live)
 
     def write(self, batch: Sequence[tuple[Record, memoryview]]) -> list[Record]:

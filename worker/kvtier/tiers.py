@@ -11,7 +11,7 @@ import errno
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.index import Entry, TierIndex
@@ -144,13 +144,12 @@ class NvmeTier:
     def give_back(self, slot: int) -> None:
         self._free.append(slot)
 
-    def records(self) -> list[Record]:
-        out = []
+    def records(self) -> Iterator[Record]:
+        """Each held block's log record, made as it is asked for (call with the lock held)."""
         for key in self.index:
             entry = self.index.get(key)
             assert entry is not None and isinstance(key, bytes) and isinstance(entry.parent, bytes)
-            out.append(Record(key, entry.parent, entry.slot, entry.priority, entry.checksum))
-        return out
+            yield Record(key, entry.parent, entry.slot, entry.priority, entry.checksum)
 
 
 class SharedTier:

@@ -212,7 +212,7 @@ class Writer:
             entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
             nvme.index.add(record.key, entry)
         if nvme.store.needs_compaction(len(nvme.index)):
-            nvme.store.compact(nvme.records())
+            nvme.store.compact(nvme.records(), len(nvme.index))
 
 
 def _parent_bytes(entry: Entry) -> bytes:
