@@ -1,11 +1,14 @@
 """The sidecar fits its tiers' indexes within its memory: the shared tier gives way first, then
 NVMe, then DRAM; the limit comes from the config or the container's cgroup. The staging slots
-take what the operator gives them, and indexes that never expire keep no recency list."""
+take what the operator gives them, the DRAM tier's slots what the memory-backed volume holds, and
+indexes that never expire keep no recency list."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +20,7 @@ from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
 from strata.worker.kvtier.budget import Blocks, fit, fixed_bytes, memory_limit
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.service import LEAST_STAGING_SLOTS, KVTierService, staging_slots_for
+from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 from .conftest import MiB, kvtier_config
 
@@ -138,3 +142,48 @@ def test_indexes_that_never_expire_keep_no_recency_list():
     assert index.remove(b"a").last_used == 5.0
     with pytest.raises(RuntimeError, match="without expiry"):
         index.expired(100.0, 1.0)
+
+
+def test_dram_slots_fit_the_memory_backed_volume_with_their_table_records():
+    shm = 40 * (SLOT + budget.TABLE_BYTES_PER_SLOT) + 10
+    fitted = fit(ASKED, None, fixed=MiB, slot_bytes=SLOT, shm=shm)
+    assert fitted.fitted == Blocks(40, 1000, 5000) and fitted.report()["shm_room_bytes"] == shm
+    assert fit(ASKED, None, fixed=MiB, slot_bytes=SLOT, shm=-5).fitted.dram == 0
+    # a DRAM tier the volume cuts short leaves the memory to the lower tiers' indexes
+    limit = MiB + 100 * (SLOT + PER_BLOCK) + 6000 * PER_BLOCK - 1
+    assert fit(ASKED, limit, fixed=MiB, slot_bytes=SLOT, shm=shm).fitted == Blocks(40, 1000, 5000)
+
+
+def _volume(monkeypatch, free: int) -> None:
+    pages = -(-free // 4096)  # whole pages, never less than ``free``
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=pages, f_frsize=4096))
+
+
+def test_the_volumes_room_is_what_is_free_and_what_the_arena_holds_less_staging(root, monkeypatch):
+    arena = root / "shm" / "kv"  # its directory does not exist yet: the volume above it is read
+    _volume(monkeypatch, 200 * MiB)
+    assert budget.shm_room(arena, staging_bytes=8 * MiB) == 192 * MiB - SHM_LEAVE_FREE
+    arena.parent.mkdir()
+    arena.write_bytes(b"x" * MiB)  # a restart finds its slots' pages in use: they are ours
+    held = os.stat(arena).st_blocks * 512
+    assert budget.shm_room(arena, staging_bytes=8 * MiB) == 192 * MiB + held - SHM_LEAVE_FREE
+    with pytest.raises(ValueError, match=r"dram.shm_path: .* staging slots alone need .*--shm-size"):
+        budget.shm_room(arena, staging_bytes=400 * MiB)
+
+
+def test_a_sidecar_on_a_small_dev_shm_serves_a_smaller_dram_tier_instead_of_a_sigbus(root, monkeypatch):
+    _volume(monkeypatch, SHM_LEAVE_FREE + 4 * SLOT + 100 * (SLOT + budget.TABLE_BYTES_PER_SLOT))
+    service = KVTierService(kvtier_config(root), staging_slots=4)  # DRAM asks for 1,024 slots
+    try:
+        service.configure(SLOT)
+        assert service.dram is not None and service.dram.capacity == 100
+        assert service.dram.arena.num_slots == 104
+        memory = service.stats()["memory"]
+        assert isinstance(memory, dict) and memory["fitted"]["dram"] == 100
+    finally:
+        service.close()
+    _volume(monkeypatch, 2 * SLOT)
+    too_small = KVTierService(kvtier_config(root / "b"), staging_slots=4)
+    with pytest.raises(ValueError, match="staging slots alone"):
+        too_small.configure(SLOT)
+    too_small.close()

@@ -12,15 +12,20 @@ So at its start the sidecar fits what it will index within its memory (``fit``, 
 shared tier gives way first (its index bounds only what this worker writes there; every block
 on the volume stays readable), then NVMe, then DRAM; and it says so (a warning, the capacity
 gauges, ``stats()["memory"]``).
+
+The DRAM tier's slots are fitted to the memory-backed volume too (``shm_room``): a page past a
+full tmpfs is a SIGBUS in whoever touches it, and Docker's default ``/dev/shm`` is 64 MiB.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.admission import SightingCounts, footprint
+from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 # What one held block costs the sidecar: its index entry, its place in the eviction order (up
 # to twice, stale heap entries included) and the block events' copy of its key. 650-840 bytes
@@ -31,6 +36,7 @@ BASE_BYTES = 128 << 20
 # Where a container finds its memory limit: cgroup v2, then v1. A value this large means none.
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 UNLIMITED = 1 << 60
+TABLE_BYTES_PER_SLOT = 64  # the DRAM slot table's record per slot, beside the slots (slottable)
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,9 @@ class Fit:
 
     asked: Blocks
     fitted: Blocks
-    limit: int | None  # bytes; None: no limit was known, nothing was fitted
+    limit: int | None  # bytes; None: no limit was known
     fixed: int = 0  # bytes held whatever is indexed: see ``fixed_bytes``
+    shm: int | None = None  # bytes of the memory-backed volume the DRAM tier's slots may take
 
     @property
     def clipped(self) -> bool:
@@ -57,23 +64,28 @@ class Fit:
         return {
             "limit_bytes": self.limit,
             "fixed_bytes": self.fixed,
+            "shm_room_bytes": self.shm,
             "index_bytes_per_block": INDEX_BYTES_PER_BLOCK,
             "asked": asdict(self.asked),
             "fitted": asdict(self.fitted),
         }
 
 
-def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int) -> Fit:
+def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int, shm: int | None = None) -> Fit:
     """The blocks each tier may index within ``limit`` bytes, of which ``fixed`` are taken
-    anyway; a DRAM block costs its slot's pages too."""
+    anyway; a DRAM block costs its slot's pages too, and those must fit in ``shm`` bytes of the
+    memory-backed volume (with the slot table's record)."""
+    dram = asked.dram
+    if shm is not None:
+        dram = min(dram, max(0, shm) // (slot_bytes + TABLE_BYTES_PER_SLOT))
     if limit is None:
-        return Fit(asked, asked, None, fixed)
+        return Fit(asked, Blocks(dram, asked.nvme, asked.shared), None, fixed, shm)
     budget = max(0, limit - fixed)
-    dram = min(asked.dram, budget // (slot_bytes + INDEX_BYTES_PER_BLOCK))
+    dram = min(dram, budget // (slot_bytes + INDEX_BYTES_PER_BLOCK))
     room = (budget - dram * (slot_bytes + INDEX_BYTES_PER_BLOCK)) // INDEX_BYTES_PER_BLOCK
     nvme = min(asked.nvme, room)
     shared = min(asked.shared, room - nvme)
-    return Fit(asked, Blocks(dram, nvme, shared), limit, fixed)
+    return Fit(asked, Blocks(dram, nvme, shared), limit, fixed, shm)
 
 
 def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_slots: int) -> int:
@@ -110,3 +122,28 @@ def memory_limit(configured: int | None) -> int | None:
             continue
         return value if value < UNLIMITED else None
     return None
+
+
+def shm_room(arena: Path, staging_bytes: int) -> int | None:
+    """Bytes of the memory-backed volume holding ``arena`` that the DRAM tier's slots may take:
+    what is free, and what the arena file holds already (a restart finds it), less the staging
+    slots and ``SHM_LEAVE_FREE`` for the engine's own use and the admission state. None where the
+    volume cannot be read. ValueError when not even the staging slots fit."""
+    directory = arena.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    try:
+        volume = os.statvfs(directory)
+    except OSError:
+        return None
+    try:
+        held = os.stat(arena).st_blocks * 512
+    except OSError:
+        held = 0
+    room = volume.f_bavail * volume.f_frsize + held
+    if room < staging_bytes:
+        raise ValueError(
+            f"dram.shm_path: {arena.parent} has {room} bytes free, and the staging slots alone need "
+            f"{staging_bytes}: give the pod a larger /dev/shm (Docker: --shm-size)"
+        )
+    return room - staging_bytes - SHM_LEAVE_FREE

@@ -22,7 +22,7 @@ from pathlib import Path
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTIER_STAGING_BYTES, KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
-from strata.worker.kvtier.budget import Blocks, Fit, fit, fixed_bytes, memory_limit
+from strata.worker.kvtier.budget import Blocks, Fit, fit, fixed_bytes, memory_limit, shm_room
 from strata.worker.kvtier.demoter import Demoter
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.janitor import Janitor
@@ -197,12 +197,14 @@ class KVTierService:
         shared = cfg.shared.capacity_bytes // self.block_bytes if cfg.shared.enabled else 0
         asked = Blocks(cfg.dram.capacity_bytes // slot_bytes, cfg.nvme.capacity_bytes // slot_bytes, shared)
         fixed = fixed_bytes(cfg, asked, slot_bytes, self.staging_slots)
-        fitted = fit(asked, memory_limit(cfg.memory_bytes), fixed, slot_bytes)
+        shm = shm_room(Path(cfg.dram.shm_path), self.staging_slots * slot_bytes)
+        fitted = fit(asked, memory_limit(cfg.memory_bytes), fixed, slot_bytes, shm)
         if fitted.clipped:
             log.warning(
-                "kvtier: %d-byte blocks: indexes fitted within %d bytes of memory: %s of %s blocks",
+                "kvtier: %d-byte blocks: fitted within %s bytes of memory and %s of /dev/shm: %s of %s",
                 self.block_bytes,
                 fitted.limit,
+                fitted.shm,
                 fitted.fitted,
                 fitted.asked,
                 extra={"event": "memory_fit", **fitted.report()},
