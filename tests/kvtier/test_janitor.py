@@ -11,7 +11,7 @@ from pathlib import Path
 from strata.stack.wait import wait_for
 from strata.worker.kvtier import janitor
 from strata.worker.kvtier.index import Entry
-from strata.worker.kvtier.janitor import Found, Janitor, plan, scan
+from strata.worker.kvtier.janitor import Found, Janitor, Tally, boundary, bucket, cutoff, is_stale, scan
 from strata.worker.kvtier.shared import FilesystemBlockStore
 from strata.worker.kvtier.tiers import SharedTier
 
@@ -27,30 +27,50 @@ def block(name: str, mtime: float, size: int = 100) -> Found:
     return Found(Path(name), size, mtime, temporary=False)
 
 
+def victims(found: list[Found], capacity: int) -> list[Found]:
+    """What a sweep removes from ``found``, its two passes run over a list."""
+    tally = Tally()
+    for f in found:
+        tally.add(f)
+    cut = cutoff(tally, capacity)
+    if cut is None:
+        return []
+    blocks = [f for f in found if not f.temporary]
+    older = sorted((f for f in blocks if bucket(f.mtime) < cut.bucket), key=lambda f: f.mtime)
+    return older + boundary([f for f in blocks if bucket(f.mtime) == cut.bucket], cut.excess)
+
+
 def test_nothing_goes_while_the_volume_is_under_its_high_watermark():
     found = [block(f"b{i}", 1000.0 + i) for i in range(95)]
-    assert plan(found, capacity=10_000, now=2000.0) == ([], [])
+    assert victims(found, capacity=10_000) == []
 
 
 def test_above_it_the_least_recently_used_go_down_to_the_low_watermark():
     found = [block(f"b{i}", 1000.0 + i) for i in range(100)]  # 10,000 bytes of 10,000
-    stale, victims = plan(found, capacity=10_000, now=2000.0)
-    assert stale == []
-    assert [v.path.name for v in victims] == [f"b{i}" for i in range(10)]  # the oldest tenth
+    assert [v.path.name for v in victims(found, capacity=10_000)] == [f"b{i}" for i in range(10)]
+    # over several minutes: the older minutes go whole, the last one in part
+    found = [block(f"b{i}", 1000.0 + 30 * i) for i in range(100)]
+    assert [v.path.name for v in victims(found, capacity=10_000)] == [f"b{i}" for i in range(10)]
 
 
 def test_within_one_second_a_chains_tail_goes_before_its_head():
     head, tail = block("head", 1000.1), block("tail", 1000.7)  # read head first, as chains are
     newer = [block(f"n{i}", 2000.0 + i) for i in range(18)]
-    _, victims = plan([head, tail, *newer], capacity=2000, now=3000.0)  # 2,000 bytes: 100 too many
-    assert [v.path.name for v in victims][:2] == ["tail", "head"]
+    removed = victims([head, tail, *newer], capacity=2000)  # 2,000 bytes: 100 too many
+    assert [v.path.name for v in removed][:2] == ["tail", "head"]
+    assert [v.path.name for v in boundary([head, tail], 150)] == ["tail", "head"]
+    assert [v.path.name for v in boundary([head, tail], 100)] == ["tail"]
 
 
 def test_temporary_files_go_once_their_writer_is_surely_gone():
     old = Found(Path(".x.tmp"), 50, 1000.0, temporary=True)
     fresh = Found(Path(".y.tmp"), 50, 1000.0 + janitor.STALE_TMP_S, temporary=True)
-    stale, victims = plan([old, fresh], capacity=10_000, now=1000.0 + janitor.STALE_TMP_S + 1)
-    assert stale == [old] and victims == []
+    now = 1000.0 + janitor.STALE_TMP_S + 1
+    assert is_stale(old, now) and not is_stale(fresh, now) and not is_stale(block("b", 0.0), now)
+    assert (
+        victims([fresh, *(block(f"b{i}", 1000.0 + i) for i in range(99))], capacity=10_000)[0].path.name
+        == "b0"
+    )
 
 
 def write(store: FilesystemBlockStore, numbers: range, mtime: float) -> None:
@@ -79,6 +99,28 @@ def test_a_sweep_keeps_two_workers_blocks_within_the_size_and_the_recently_read(
     assert a._path(key(0)).name in left  # read recently: kept
     assert a._path(key(1)).name not in left  # a's other old blocks went first
     assert all(b._path(key(n)).name in left for n in range(30, 40))  # the newest stay
+
+
+def test_a_sweep_holds_only_the_files_of_the_minute_where_removal_stops(tmp_path, monkeypatch):
+    """Blocks last used over 40 minutes, a tenth too many: the oldest minutes go as the second
+    pass meets them; only one minute's files are ever held and ordered."""
+    store = FilesystemBlockStore(tmp_path)
+    start = time.time() - 7200
+    for n in range(40):
+        store.write(key(n), NO_PARENT, 0, memoryview(bytes([n]) * BLOCK))
+        os.utime(store._path(key(n)), (start + 60 * n, start + 60 * n))  # one block a minute
+    file_bytes = os.path.getsize(store._path(key(0)))
+    held: list[int] = []
+
+    def counted(found: list[Found], excess: int) -> list[Found]:
+        held.append(len(found))
+        return boundary(found, excess)
+
+    monkeypatch.setattr(janitor, "boundary", counted)
+    sweep = Janitor(tmp_path, capacity=36 * file_bytes).sweep()  # 40 of 36: over 95%
+    assert held == [1]  # the minute where removal stops, alone
+    assert sweep.removed_lru == 40 - 32 and sweep.left_bytes == 32 * file_bytes  # down to 90%
+    assert {f.path.name for f in scan(tmp_path)} == {store._path(key(n)).name for n in range(8, 40)}
 
 
 def test_one_janitor_at_a_time_and_the_next_takes_over(tmp_path):
