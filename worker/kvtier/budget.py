@@ -91,7 +91,8 @@ def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int, shm: int 
 def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_slots: int) -> int:
     """What the sidecar holds whatever it indexes: the interpreter, the staging slots' pages, and
     the admission policies' sketches and shadow tiers at the asked sizes (at most what the fitted
-    ones take), with room for a save's copy of the largest sketch."""
+    ones take); each sketch once more in its file (on the memory-backed volume, or counted as if
+    it were), and room for a save's copies of the largest (exported, and its temporary file)."""
     tables = [0]
     keys = 0
     for policy, capacity in ((config.dram.admission, asked.dram), (config.nvme.admission, asked.nvme)):
@@ -101,7 +102,7 @@ def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_sl
             keys += shadow_keys
     if asked.nvme:
         tables.append(SightingCounts.table_bytes(asked.nvme))
-    sketches = sum(tables) + max(tables) + keys * INDEX_BYTES_PER_BLOCK
+    sketches = 2 * sum(tables) + 2 * max(tables) + keys * INDEX_BYTES_PER_BLOCK
     return BASE_BYTES + staging_slots * slot_bytes + sketches
 
 
