@@ -1,7 +1,7 @@
 """The sidecar fits its tiers' indexes within its memory: the shared tier gives way first, then
 NVMe, then DRAM; the limit comes from the config or the container's cgroup. The staging slots
 take what the operator gives them, the DRAM tier's slots what the memory-backed volume holds, and
-indexes that never expire keep no recency list."""
+indexes that never expire keep no recency list; the look-ahead's announced blocks are bounded."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import pytest
 
 from strata.worker.config import KVTIER_STAGING_BYTES
 from strata.worker.kvtier import budget
+from strata.worker.kvtier import service as service_module
 from strata.worker.kvtier.admission import SightingCounts, footprint
 from strata.worker.kvtier.arena import slot_bytes_for
 from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
 from strata.worker.kvtier.budget import Blocks, fit, fixed_bytes, memory_limit
 from strata.worker.kvtier.index import Entry, TierIndex
-from strata.worker.kvtier.service import LEAST_STAGING_SLOTS, KVTierService, staging_slots_for
+from strata.worker.kvtier.service import LEAST_STAGING_SLOTS, KVTierService, Owner, staging_slots_for
 from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 from .conftest import MiB, kvtier_config
@@ -68,7 +69,7 @@ def test_the_fixed_part_counts_the_admission_policies_sketches_and_shadows(root)
     dram_table, shadow_keys = footprint("adaptive", asked.dram)
     nvme_table, _ = footprint("doorkeeper", asked.nvme)
     assert shadow_keys and dram_table < nvme_table
-    base = budget.BASE_BYTES + 8 * SLOT
+    base = budget.BASE_BYTES + 8 * SLOT + budget.MAX_EXPECTED_BLOCKS * budget.EXPECTED_BYTES_PER_BLOCK
     # each table in memory and in its file, the largest twice more (a save's copies), the
     # shadow tiers' keys
     assert fixed_bytes(plain, asked, SLOT, staging_slots=8) == base + 4 * sightings
@@ -189,3 +190,27 @@ def test_a_sidecar_on_a_small_dev_shm_serves_a_smaller_dram_tier_instead_of_a_si
     with pytest.raises(ValueError, match="staging slots alone"):
         too_small.configure(SLOT)
     too_small.close()
+
+
+def test_announced_requests_past_the_lookaheads_blocks_are_not_announced(root, monkeypatch):
+    """The look-ahead's memory is bounded in blocks: a request that would take the connection's
+    announced blocks past ``MAX_EXPECTED_BLOCKS`` is refused, the nearer ones keep theirs, and
+    what a scheduled request frees is announced again."""
+    monkeypatch.setattr(service_module, "MAX_EXPECTED_BLOCKS", 10)
+    service = KVTierService(kvtier_config(root), staging_slots=4)
+    service.configure(SLOT)
+    owner = Owner()
+    try:
+        service.expect(owner, "a", [bytes([1, n]) * 8 for n in range(6)])
+        service.expect(owner, "b", [bytes([2, n]) * 8 for n in range(6)])  # 12 > 10: refused
+        assert list(owner.expected) == ["a"] and owner.expected_blocks == 6
+        assert service.stats()["lookahead_refused"] == 1
+        assert service.dram is not None and service.dram.index.is_expected(bytes([1, 0]) * 8)
+        assert not service.dram.index.is_expected(bytes([2, 0]) * 8)
+        service.unexpect(owner, ["a"])  # scheduled
+        service.expect(owner, "b", [bytes([2, n]) * 8 for n in range(6)])
+        assert list(owner.expected) == ["b"] and owner.expected_blocks == 6
+        service.drop_owner(owner)
+        assert owner.expected_blocks == 0 and not service.dram.index.is_expected(bytes([2, 0]) * 8)
+    finally:
+        service.close()

@@ -37,6 +37,12 @@ BASE_BYTES = 128 << 20
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 UNLIMITED = 1 << 60
 TABLE_BYTES_PER_SLOT = 64  # the DRAM slot table's record per slot, beside the slots (slottable)
+# The blocks of the requests an engine announces (look-ahead), together: 64 requests of 32k
+# tokens. Each takes about 250 bytes (its key, its count in the DRAM and NVMe indexes): a queue
+# of long prompts (64 of 128k tokens is 512k blocks) would otherwise hold hundreds of MB. A
+# request past it is not announced; the nearer ones, scheduled sooner, keep theirs.
+MAX_EXPECTED_BLOCKS = 1 << 17
+EXPECTED_BYTES_PER_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -89,10 +95,11 @@ def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int, shm: int 
 
 
 def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_slots: int) -> int:
-    """What the sidecar holds whatever it indexes: the interpreter, the staging slots' pages, and
-    the admission policies' sketches and shadow tiers at the asked sizes (at most what the fitted
-    ones take); each sketch once more in its file (on the memory-backed volume, or counted as if
-    it were), and room for a save's copies of the largest (exported, and its temporary file)."""
+    """What the sidecar holds whatever it indexes: the interpreter, the staging slots' pages, the
+    look-ahead's announced blocks at most, and the admission policies' sketches and shadow tiers
+    at the asked sizes (at most what the fitted ones take); each sketch once more in its file (on
+    the memory-backed volume, or counted as if it were), and room for a save's copies of the
+    largest (exported, and its temporary file)."""
     tables = [0]
     keys = 0
     for policy, capacity in ((config.dram.admission, asked.dram), (config.nvme.admission, asked.nvme)):
@@ -103,7 +110,8 @@ def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_sl
     if asked.nvme:
         tables.append(SightingCounts.table_bytes(asked.nvme))
     sketches = 2 * sum(tables) + 2 * max(tables) + keys * INDEX_BYTES_PER_BLOCK
-    return BASE_BYTES + staging_slots * slot_bytes + sketches
+    lookahead = MAX_EXPECTED_BLOCKS * EXPECTED_BYTES_PER_BLOCK
+    return BASE_BYTES + staging_slots * slot_bytes + sketches + lookahead
 
 
 def memory_limit(configured: int | None) -> int | None:

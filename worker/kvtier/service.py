@@ -22,7 +22,15 @@ from pathlib import Path
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTIER_STAGING_BYTES, KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
-from strata.worker.kvtier.budget import Blocks, Fit, fit, fixed_bytes, memory_limit, shm_room
+from strata.worker.kvtier.budget import (
+    MAX_EXPECTED_BLOCKS,
+    Blocks,
+    Fit,
+    fit,
+    fixed_bytes,
+    memory_limit,
+    shm_room,
+)
 from strata.worker.kvtier.demoter import Demoter
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.janitor import Janitor
@@ -62,6 +70,7 @@ class Owner:
     leases: list[int] = field(default_factory=list)
     reserved: set[int] = field(default_factory=set)
     expected: OrderedDict[str, list[bytes]] = field(default_factory=OrderedDict)  # queued requests
+    expected_blocks: int = 0  # their keys, counted
     next_ask: list[bytes] | None = None  # what the last answer left of its get: asked for next
     ahead: ReadAhead | None = None  # the answer to ``next_ask``, read before it was asked
 
@@ -112,6 +121,7 @@ class KVTierService:
         self.nvme: NvmeTier | None = None
         self.shared: SharedTier | None = None
         self.memory: Fit | None = None  # what each tier may index within the sidecar's memory
+        self._expect_refused = 0  # announced requests past MAX_EXPECTED_BLOCKS
         self._lock = threading.RLock()
         self._mover: Mover | None = None
         self._demoter: Demoter | None = None  # write-back with a lower tier: keeps DRAM slots free
@@ -637,7 +647,11 @@ class KVTierService:
         with self._lock:
             self._require()
             self._forget_expected(owner, [request])
+            if owner.expected_blocks + len(keys) > MAX_EXPECTED_BLOCKS:
+                self._expect_refused += 1
+                return
             owner.expected[request] = list(keys)
+            owner.expected_blocks += len(keys)
             for index in self._indexes():
                 index.expect(keys)
             while len(owner.expected) > MAX_EXPECTED:
@@ -653,6 +667,7 @@ class KVTierService:
         for request in requests:
             keys = owner.expected.pop(request, None)
             if keys is not None:
+                owner.expected_blocks -= len(keys)
                 for index in self._indexes():
                     index.unexpect(keys)
 
@@ -717,6 +732,7 @@ class KVTierService:
                 "admission_state": dict(self._admission_state),
                 "shared_janitor": _janitor_stats(self._janitor),
                 "memory": self.memory.report() if self.memory else None,
+                "lookahead_refused": self._expect_refused,
             }
 
     def close(self) -> None:
