@@ -12,13 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from strata.worker import cgroup
+from strata.worker.cgroup import memory_limit
 from strata.worker.config import KVTIER_STAGING_BYTES
 from strata.worker.kvtier import budget
 from strata.worker.kvtier import service as service_module
 from strata.worker.kvtier.admission import SightingCounts, footprint
 from strata.worker.kvtier.arena import slot_bytes_for
 from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
-from strata.worker.kvtier.budget import Blocks, fit, fixed_bytes, memory_limit
+from strata.worker.kvtier.budget import Blocks, fit, fixed_bytes
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.service import LEAST_STAGING_SLOTS, KVTierService, Owner, staging_slots_for
 from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
@@ -84,7 +86,7 @@ def test_the_fixed_part_counts_the_admission_policies_sketches_and_shadows(root)
 )
 def test_the_limit_is_read_from_the_containers_cgroup(tmp_path, monkeypatch, text, limit):
     v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
-    monkeypatch.setattr(budget, "CGROUP_LIMITS", (v2, v1))
+    monkeypatch.setattr(cgroup, "CGROUP_LIMITS", (v2, v1))
     assert memory_limit(None) is None  # neither file: no container limit known
     v1.write_text("1073741824\n")
     assert memory_limit(None) == 1 << 30  # cgroup v1

@@ -33,9 +33,6 @@ from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 INDEX_BYTES_PER_BLOCK = 1024
 # The interpreter and its modules (24 MiB measured), threads, the connections' buffers.
 BASE_BYTES = 128 << 20
-# Where a container finds its memory limit: cgroup v2, then v1. A value this large means none.
-CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-UNLIMITED = 1 << 60
 TABLE_BYTES_PER_SLOT = 64  # the DRAM slot table's record per slot, beside the slots (slottable)
 # The blocks of the requests an engine announces (look-ahead), together: 64 requests of 32k
 # tokens. Each takes about 250 bytes (its key, its count in the DRAM and NVMe indexes): a queue
@@ -112,25 +109,6 @@ def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_sl
     sketches = 2 * sum(tables) + 2 * max(tables) + keys * INDEX_BYTES_PER_BLOCK
     lookahead = MAX_EXPECTED_BLOCKS * EXPECTED_BYTES_PER_BLOCK
     return BASE_BYTES + staging_slots * slot_bytes + sketches + lookahead
-
-
-def memory_limit(configured: int | None) -> int | None:
-    """``configured`` when set, else the container's cgroup limit; None when there is none."""
-    if configured:
-        return configured
-    for path in CGROUP_LIMITS:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text == "max":
-            return None
-        try:
-            value = int(text)
-        except ValueError:
-            continue
-        return value if value < UNLIMITED else None
-    return None
 
 
 def shm_room(arena: Path, staging_bytes: int) -> int | None:

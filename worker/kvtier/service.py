@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from strata.worker.block_events import BlockEvents
+from strata.worker.cgroup import memory_limit
 from strata.worker.config import KVTIER_STAGING_BYTES, KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.budget import (
@@ -28,7 +29,6 @@ from strata.worker.kvtier.budget import (
     Fit,
     fit,
     fixed_bytes,
-    memory_limit,
     shm_room,
 )
 from strata.worker.kvtier.demoter import Demoter
