@@ -117,6 +117,13 @@ class RoutingConfig(_Strict):
         description="Blocks remembered per endpoint from the router's own routing, used "
         "when that endpoint's event stream is down.",
     )
+    max_followed_blocks: int | None = Field(
+        None,
+        ge=0,
+        description="Block keys of the replicas' DRAM, NVMe and shared tiers the router follows, all "
+        "together (about 128 bytes each); past it new ones are not followed. Unset: half the router's "
+        "container memory limit; no limit: all.",
+    )
 
 
 class RouterConfig(_Strict):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from strata.router.choose import Candidate, Tier
 from strata.router.load import DecayedTokens
-from strata.router.view import BlockView, SharedPool
+from strata.router.view import BlockView, FollowBudget, SharedPool
 
 DOWN_S = 10.0  # a failed endpoint gets no new requests for this long
 
@@ -63,14 +63,15 @@ class Endpoint:
 
 
 class Fleet:
-    def __init__(self, max_inflight: int, record_blocks: int) -> None:
+    def __init__(self, max_inflight: int, record_blocks: int, followed_blocks: int | None = None) -> None:
         self.max_inflight = max_inflight
         self.record_blocks = record_blocks
         self.shared = SharedPool()
+        self.follow = FollowBudget(followed_blocks)
         self.endpoints: dict[str, Endpoint] = {}
 
     def add(self, name: str, address: Address) -> Endpoint:
-        endpoint = Endpoint(name, address, BlockView(self.shared, self.record_blocks))
+        endpoint = Endpoint(name, address, BlockView(self.shared, self.record_blocks, self.follow))
         self.endpoints[name] = endpoint
         return endpoint
 

@@ -21,6 +21,8 @@ from strata.router.intake import Intake
 from strata.router.kube import Credentials, PodReader
 from strata.router.metrics import RouterMetrics
 from strata.router.proxy import Forwarder, Timeouts
+from strata.router.view import followed_limit
+from strata.worker.cgroup import memory_limit
 
 log = logging.getLogger(__name__)
 TICK_S = 0.5  # endpoints marked down come back on their own: look at waiters this often
@@ -31,7 +33,11 @@ class Runtime:
 
     def __init__(self, config: RouterConfig, creds: Credentials | None) -> None:
         self.config, self.creds = config, creds
-        self.fleet = Fleet(config.queue.max_inflight_per_endpoint, config.routing.record_blocks)
+        routing = config.routing
+        followed = routing.max_followed_blocks
+        if followed is None:
+            followed = followed_limit(memory_limit())
+        self.fleet = Fleet(config.queue.max_inflight_per_endpoint, routing.record_blocks, followed)
         self.gate = Gate(config, self.fleet, random.Random())
         self.metrics = RouterMetrics(self.fleet, self.gate)
         self.followers: dict[str, list[asyncio.Task[None]]] = {}

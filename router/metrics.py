@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from strata.router.fleet import Fleet
@@ -48,6 +48,15 @@ class LiveCollector(Collector):
         for (source, state), count in sorted(counts.items()):
             streams.add_metric([source, state], count)
         yield streams
+        follow = self.fleet.follow
+        yield GaugeMetricFamily(
+            P + "followed_blocks", "Lower-tier block keys followed from all replicas' streams.", follow.used
+        )
+        yield CounterMetricFamily(
+            P + "unfollowed_blocks",
+            "Lower-tier block keys not followed: past routing.max_followed_blocks.",
+            follow.refused,
+        )
 
 
 class RouterMetrics:

@@ -19,6 +19,11 @@ from strata.worker.block_events import Event
 
 SOURCES = ("worker", "sidecar")
 FRESH_S = 5.0  # record entries this young count even while the streams are synced
+# Followed lower-tier keys take about 91 bytes each in a set (2026-12-02), with a shared key's
+# count in the pool and slack 128; they may take half the router's memory (the rest: the
+# interpreter, the tokenizer, the routed-block records, the connections).
+FOLLOWED_BYTES_PER_KEY = 128
+FOLLOWED_SHARE = 0.5
 SOURCE_TIERS: dict[str, tuple[Tier, ...]] = {"worker": ("hbm",), "sidecar": ("dram", "nvme", "shared")}
 
 
@@ -43,9 +48,40 @@ class SharedPool:
                 del self._count[key]
 
 
+def followed_limit(memory_bytes: int | None) -> int | None:
+    """The keys a router with ``memory_bytes`` (None: unknown) follows at most."""
+    if memory_bytes is None:
+        return None
+    return int(memory_bytes * FOLLOWED_SHARE) // FOLLOWED_BYTES_PER_KEY
+
+
+class FollowBudget:
+    """How many block keys of the lower tiers (DRAM, NVMe, shared) all endpoints' views hold
+    together, at most ``limit`` (None: no bound). About 100 bytes a key: 32 replicas of an 8B
+    model on the premium tier's largest sizes report 19M keys, 1.7 GB. Past the limit a new key
+    is not followed (a lookup misses it: the router undervalues that replica a little) instead
+    of the router outgrowing its memory. HBM keys are few and always followed."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self.refused = 0  # keys not followed, in all
+
+    def take(self, wanted: int) -> int:
+        """How many of ``wanted`` more keys may be held (counted as held now)."""
+        granted = wanted if self.limit is None else max(0, min(wanted, self.limit - self.used))
+        self.used += granted
+        self.refused += wanted - granted
+        return granted
+
+    def give(self, count: int) -> None:
+        self.used -= count
+
+
 class BlockView:
-    def __init__(self, shared: SharedPool, record_blocks: int) -> None:
+    def __init__(self, shared: SharedPool, record_blocks: int, budget: FollowBudget | None = None) -> None:
         self.shared = shared
+        self.budget = budget or FollowBudget()
         self.held: dict[str, set[bytes]] = {t: set() for t in ("hbm", "dram", "nvme", "shared")}
         self.synced = dict.fromkeys(SOURCES, False)
         self._syncing: dict[str, bool] = dict.fromkeys(SOURCES, False)
@@ -76,10 +112,14 @@ class BlockView:
         for tier in SOURCE_TIERS[source]:
             if tier == "shared":
                 self.shared.discard(self.held[tier])
+            if tier != "hbm":
+                self.budget.give(len(self.held[tier]))
             self.held[tier].clear()
 
     def _store(self, tier: str, blocks: Sequence[bytes]) -> None:
         fresh = [b for b in blocks if b not in self.held[tier]]
+        if tier != "hbm":
+            fresh = fresh[: self.budget.take(len(fresh))]
         self.held[tier].update(fresh)
         if tier == "shared":
             self.shared.add(fresh)
@@ -87,6 +127,8 @@ class BlockView:
     def _remove(self, tier: str, blocks: Sequence[bytes]) -> None:
         gone = [b for b in blocks if b in self.held[tier]]
         self.held[tier].difference_update(gone)
+        if tier != "hbm":
+            self.budget.give(len(gone))
         if tier == "shared":
             self.shared.discard(gone)
 

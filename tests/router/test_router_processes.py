@@ -100,6 +100,9 @@ def test_responses_stream_through_and_repeated_prefixes_land_where_they_are_cach
     assert (
         metrics["strata_router_cached_tokens_total"] == metrics["strata_router_predicted_cached_tokens_total"]
     )
+    # workers without sidecars report HBM only: no lower-tier key followed, none refused
+    assert metrics["strata_router_followed_blocks"] == 0
+    assert metrics["strata_router_unfollowed_blocks_total"] == 0
 
 
 def test_a_worker_error_comes_back_unchanged(router: RouterProcess, workers: list[WorkerProcess]):

@@ -1,10 +1,10 @@
 """An endpoint's block view: exact from synced streams, the router's own record when a stream is
-down, shared-tier blocks pooled across endpoints."""
+down, shared-tier blocks pooled across endpoints, lower-tier keys within one follow budget."""
 
 from __future__ import annotations
 
 from strata.router.choose import Tier
-from strata.router.view import BlockView, SharedPool
+from strata.router.view import FOLLOWED_BYTES_PER_KEY, BlockView, FollowBudget, SharedPool, followed_limit
 from strata.worker.block_events import Event
 
 
@@ -66,3 +66,31 @@ def test_shared_blocks_count_for_every_endpoint_until_their_writer_drops_them():
     assert lookup_at(reader, [k(7)]) == ["shared"]
     writer.reset("sidecar")  # its stream went down: what it reported is forgotten
     assert lookup_at(reader, [k(7)]) == []
+
+
+def test_lower_tier_keys_past_the_follow_budget_are_not_followed():
+    """All endpoints' DRAM, NVMe and shared keys share one budget; HBM keys are always
+    followed; what a removal or a reset frees is followed again."""
+    budget = FollowBudget(limit=4)
+    pool = SharedPool()
+    a, b = BlockView(pool, 10, budget), BlockView(pool, 10, budget)
+    synced(a, "worker", hbm=[0, 1, 2, 3])  # HBM: not counted
+    synced(a, "sidecar", dram=[10, 11], shared=[20])
+    synced(b, "worker")
+    synced(b, "sidecar", nvme=[30, 31])  # one fits
+    assert budget.used == 4 and budget.refused == 1
+    assert lookup_at(a, [k(0), k(1), k(2), k(3)]) == ["hbm"] * 4
+    assert lookup_at(b, [k(30), k(31)]) == ["nvme"]  # 31 not followed: a miss
+    assert lookup_at(b, [k(20)]) == ["shared"]
+    a.apply("sidecar", Event("removed", "dram", (k(10), k(99))))  # 99 was never held
+    assert budget.used == 3
+    b.apply("sidecar", Event("stored", "nvme", (k(31),)))
+    assert lookup_at(b, [k(30), k(31)]) == ["nvme", "nvme"] and budget.used == 4
+    a.reset("sidecar")  # its DRAM block 11 and shared block 20
+    assert budget.used == 2 and lookup_at(b, [k(20)]) == []
+
+
+def test_the_follow_budget_is_half_the_routers_memory():
+    assert followed_limit(None) is None
+    assert followed_limit(1 << 30) == (1 << 29) // FOLLOWED_BYTES_PER_KEY  # 4.2M keys in 1 GiB
+    assert FollowBudget().take(10**9) == 10**9  # no limit known: everything is followed
