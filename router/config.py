@@ -120,9 +120,9 @@ class RoutingConfig(_Strict):
     max_followed_blocks: int | None = Field(
         None,
         ge=0,
-        description="Block keys of the replicas' DRAM, NVMe and shared tiers the router follows, all "
-        "together (about 128 bytes each); past it new ones are not followed. Unset: half the router's "
-        "container memory limit; no limit: all.",
+        description="Block keys of the replicas' DRAM, NVMe and shared tiers the router follows and "
+        "entries of its records, all together (about 160 bytes each); past it new keys are not followed "
+        "and records keep fewer. Unset: half the router's container memory limit; no limit: all.",
     )
 
 

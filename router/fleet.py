@@ -78,8 +78,7 @@ class Fleet:
     def remove(self, name: str) -> Endpoint | None:
         endpoint = self.endpoints.pop(name, None)
         if endpoint is not None:
-            for source in endpoint.view.synced:
-                endpoint.view.reset(source)
+            endpoint.view.forget()
         return endpoint
 
     def any_ready(self) -> bool:

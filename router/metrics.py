@@ -50,7 +50,9 @@ class LiveCollector(Collector):
         yield streams
         follow = self.fleet.follow
         yield GaugeMetricFamily(
-            P + "followed_blocks", "Lower-tier block keys followed from all replicas' streams.", follow.used
+            P + "followed_blocks",
+            "Lower-tier block keys followed from all replicas' streams.",
+            follow.followed,
         )
         yield CounterMetricFamily(
             P + "unfollowed_blocks",

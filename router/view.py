@@ -19,10 +19,11 @@ from strata.worker.block_events import Event
 
 SOURCES = ("worker", "sidecar")
 FRESH_S = 5.0  # record entries this young count even while the streams are synced
-# Followed lower-tier keys take about 91 bytes each in a set (2026-12-02), with a shared key's
-# count in the pool and slack 128; they may take half the router's memory (the rest: the
-# interpreter, the tokenizer, the routed-block records, the connections).
-FOLLOWED_BYTES_PER_KEY = 128
+# What the budget counts: followed lower-tier keys (about 91 bytes each in a set, 2026-12-02)
+# and the routed-block records' entries (106, and the key they keep alive, 49), at 160 each;
+# together they may take half the router's memory (the rest: the interpreter, the tokenizer,
+# the connections).
+FOLLOWED_BYTES_PER_KEY = 160
 FOLLOWED_SHARE = 0.5
 SOURCE_TIERS: dict[str, tuple[Tier, ...]] = {"worker": ("hbm",), "sidecar": ("dram", "nvme", "shared")}
 
@@ -56,26 +57,41 @@ def followed_limit(memory_bytes: int | None) -> int | None:
 
 
 class FollowBudget:
-    """How many block keys of the lower tiers (DRAM, NVMe, shared) all endpoints' views hold
-    together, at most ``limit`` (None: no bound). About 100 bytes a key: 32 replicas of an 8B
-    model on the premium tier's largest sizes report 19M keys, 1.7 GB. Past the limit a new key
-    is not followed (a lookup misses it: the router undervalues that replica a little) instead
-    of the router outgrowing its memory. HBM keys are few and always followed."""
+    """How many block keys all endpoints' views hold together, of the lower tiers (DRAM, NVMe,
+    shared) and in the router's own records, at most ``limit`` (None: no bound). 32 replicas of
+    an 8B model on the premium tier's largest sizes report 19M lower-tier keys, 1.7 GB, and 32
+    full records of 100,000 blocks take 0.5 GB. Past the limit a new lower-tier key is not
+    followed (a lookup misses it: the router undervalues that replica a little) and a record
+    keeps fewer blocks, instead of the router outgrowing its memory. HBM keys are few and
+    always followed."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
-        self.used = 0
-        self.refused = 0  # keys not followed, in all
+        self.followed = 0  # lower-tier keys held by the views
+        self.recorded = 0  # entries of the routed-block records
+        self.refused = 0  # lower-tier keys not followed, in all
+
+    @property
+    def used(self) -> int:
+        return self.followed + self.recorded
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and self.used >= self.limit
 
     def take(self, wanted: int) -> int:
-        """How many of ``wanted`` more keys may be held (counted as held now)."""
+        """How many of ``wanted`` more lower-tier keys may be followed (counted as held now)."""
         granted = wanted if self.limit is None else max(0, min(wanted, self.limit - self.used))
-        self.used += granted
+        self.followed += granted
         self.refused += wanted - granted
         return granted
 
     def give(self, count: int) -> None:
-        self.used -= count
+        self.followed -= count
+
+    def record(self, change: int) -> None:
+        """A record grew (or shrank) by ``change`` entries; it grows only while not ``full``."""
+        self.recorded += change
 
 
 class BlockView:
@@ -135,11 +151,28 @@ class BlockView:
     # ---- the router's own record ----
 
     def routed(self, blocks: Sequence[Hashable], now: float) -> None:
+        """The router sent ``blocks`` here: remembered, the most recent ``record_blocks`` of
+        them, fewer when the budget is spent (a new one then takes the oldest one's place)."""
         for key in blocks:
+            if key not in self.record:
+                if not self.budget.full:
+                    self.budget.record(1)
+                elif self.record:
+                    self.record.popitem(last=False)  # the oldest gives its place
+                else:
+                    return
             self.record[key] = now
             self.record.move_to_end(key)
         while len(self.record) > self.record_blocks:
             self.record.popitem(last=False)
+            self.budget.record(-1)
+
+    def forget(self) -> None:
+        """The endpoint is gone: what its view held goes back to the budget."""
+        for source in SOURCES:
+            self.reset(source)
+        self.budget.record(-len(self.record))
+        self.record.clear()
 
     # ---- the lookup choose() calls ----
 

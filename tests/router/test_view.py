@@ -78,19 +78,37 @@ def test_lower_tier_keys_past_the_follow_budget_are_not_followed():
     synced(a, "sidecar", dram=[10, 11], shared=[20])
     synced(b, "worker")
     synced(b, "sidecar", nvme=[30, 31])  # one fits
-    assert budget.used == 4 and budget.refused == 1
+    assert budget.followed == 4 and budget.refused == 1
     assert lookup_at(a, [k(0), k(1), k(2), k(3)]) == ["hbm"] * 4
     assert lookup_at(b, [k(30), k(31)]) == ["nvme"]  # 31 not followed: a miss
     assert lookup_at(b, [k(20)]) == ["shared"]
     a.apply("sidecar", Event("removed", "dram", (k(10), k(99))))  # 99 was never held
-    assert budget.used == 3
+    assert budget.followed == 3
     b.apply("sidecar", Event("stored", "nvme", (k(31),)))
-    assert lookup_at(b, [k(30), k(31)]) == ["nvme", "nvme"] and budget.used == 4
+    assert lookup_at(b, [k(30), k(31)]) == ["nvme", "nvme"] and budget.followed == 4
     a.reset("sidecar")  # its DRAM block 11 and shared block 20
-    assert budget.used == 2 and lookup_at(b, [k(20)]) == []
+    assert budget.followed == 2 and lookup_at(b, [k(20)]) == []
 
 
 def test_the_follow_budget_is_half_the_routers_memory():
     assert followed_limit(None) is None
-    assert followed_limit(1 << 30) == (1 << 29) // FOLLOWED_BYTES_PER_KEY  # 4.2M keys in 1 GiB
+    assert followed_limit(1 << 30) == (1 << 29) // FOLLOWED_BYTES_PER_KEY  # 3.4M keys in 1 GiB
     assert FollowBudget().take(10**9) == 10**9  # no limit known: everything is followed
+
+
+def test_the_routers_records_share_the_budget_and_shrink_rather_than_grow_past_it():
+    budget = FollowBudget(limit=5)
+    a, b = BlockView(SharedPool(), 100, budget), BlockView(SharedPool(), 100, budget)
+    synced(a, "sidecar", dram=[50, 51])  # 2 followed
+    a.routed([k(0), k(1), k(2)], now=0.0)  # 3 recorded: the budget is spent
+    assert (budget.followed, budget.recorded, budget.full) == (2, 3, True)
+    a.routed([k(3)], now=1.0)  # a new block takes the oldest one's place
+    assert list(a.record) == [k(1), k(2), k(3)] and budget.recorded == 3
+    b.routed([k(9)], now=1.0)  # an empty record gets nothing while the budget is spent
+    assert not b.record
+    a.routed([k(2)], now=2.0)  # a block already recorded is refreshed, at no cost
+    assert list(a.record) == [k(1), k(3), k(2)]
+    a.forget()  # the endpoint went: all it held is given back
+    assert (budget.followed, budget.recorded) == (0, 0)
+    b.routed([k(9)], now=3.0)
+    assert list(b.record) == [k(9)]
