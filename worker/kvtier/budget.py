@@ -1,12 +1,12 @@
 """How many blocks the sidecar may index within the memory it was given.
 
 Why: the sidecar's container is limited to the DRAM tier's pages plus an overhead that the
-operator sizes for blocks of 1 MiB or more (operator/render/pod.py). Its indexes cost memory
-per block held (``INDEX_BYTES_PER_BLOCK``), and a tier's count of blocks is its size over the
-model's block size, which only the engine knows, at its first hello: 1 TiB of NVMe is 512k
-blocks of an 8B model (2 MiB at 16 tokens a block) but 5.6M of a 0.5B model (192 KiB), whose
-index would take over 5 GiB. Filled, such a tier got the sidecar killed by the kernel, and
-again at every restart as it recovered the NVMe index.
+operator sizes for blocks of 1 MiB or more (``sidecar_memory_bytes`` in operator/resolve.py).
+Its indexes cost memory per block held (``INDEX_BYTES_PER_BLOCK``), and a tier's count of
+blocks is its size over the model's block size, which only the engine knows, at its first
+hello: 1 TiB of NVMe is 512k blocks of an 8B model (2 MiB at 16 tokens a block) but 5.6M of a
+0.5B model (192 KiB), whose index would take 3.5 GB. Filled, such a tier got the sidecar
+killed by the kernel, and again at every restart as it recovered the NVMe index.
 
 So at its start the sidecar fits what it will index within its memory (``fit``, pure): the
 shared tier gives way first (its index bounds only what this worker writes there; every block
@@ -28,8 +28,9 @@ from strata.worker.kvtier.admission import SightingCounts, footprint
 from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 # What one held block costs the sidecar: its index entry, its place in the eviction order (up
-# to twice, stale heap entries included) and the block events' copy of its key. 650-840 bytes
-# measured (`python -m bench kvtier`, `index_bytes_per_block`, which checks it stays below).
+# to twice, stale heap entries included) and the block events' copy of its key. 613-619 bytes
+# measured (`python -m bench kvtier`: `index_memory.rss_bytes_per_block`, which it checks
+# against this).
 INDEX_BYTES_PER_BLOCK = 1024
 # The interpreter and its modules (24 MiB measured), threads, the connections' buffers.
 BASE_BYTES = 128 << 20

@@ -243,9 +243,10 @@ class Janitor:
         removed = freed = 0
         at_cut: list[Found] = []
         for found in scan(self.root):
-            if found.temporary or bucket(found.mtime) > cut.bucket:
+            minute = bucket(found.mtime)
+            if found.temporary or minute > cut.bucket:
                 continue
-            if bucket(found.mtime) == cut.bucket:
+            if minute == cut.bucket:
                 at_cut.append(found)
             elif remove([found]):
                 removed, freed = removed + 1, freed + found.size
