@@ -20,9 +20,9 @@ from strata.worker.kvtier import service as service_module
 from strata.worker.kvtier.admission import SightingCounts, footprint
 from strata.worker.kvtier.arena import slot_bytes_for
 from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
-from strata.worker.kvtier.budget import Blocks, fit, fixed_bytes
+from strata.worker.kvtier.budget import LEAST_STAGING_SLOTS, Blocks, fit, fixed_bytes, staging_slots_for
 from strata.worker.kvtier.index import Entry, TierIndex
-from strata.worker.kvtier.service import LEAST_STAGING_SLOTS, KVTierService, Owner, staging_slots_for
+from strata.worker.kvtier.service import KVTierService, Owner
 from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 from .conftest import MiB, kvtier_config

@@ -23,8 +23,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from strata.worker.config import KVTierConfig
+from strata.worker.config import KVTIER_STAGING_BYTES, KVTierConfig
 from strata.worker.kvtier.admission import SightingCounts, footprint
+from strata.worker.kvtier.arena import slot_bytes_for
 from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 # What one held block costs the sidecar: its index entry, its place in the eviction order (up
@@ -41,6 +42,11 @@ TABLE_BYTES_PER_SLOT = 64  # the DRAM slot table's record per slot, beside the s
 # request past it is not announced; the nearer ones, scheduled sooner, keep theirs.
 MAX_EXPECTED_BLOCKS = 1 << 17
 EXPECTED_BYTES_PER_BLOCK = 256
+# Three save batches of 32 blocks: one being committed, one on its way, one being reserved
+# (the client saves in batches of a third of these); a load reads half of them per answer. Fewer
+# of blocks too large for KVTIER_STAGING_BYTES (a 70B model's 5 MiB: 51), never under the least.
+STAGING_SLOTS = 96
+LEAST_STAGING_SLOTS = 12
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,29 @@ class Fit:
             "asked": asdict(self.asked),
             "fitted": asdict(self.fitted),
         }
+
+
+def staging_slots_for(slot_bytes: int) -> int:
+    return max(LEAST_STAGING_SLOTS, min(STAGING_SLOTS, KVTIER_STAGING_BYTES // slot_bytes))
+
+
+def asked_blocks(config: KVTierConfig, block_bytes: int) -> Blocks:
+    """The blocks each tier's size holds: DRAM and NVMe in page-rounded slots, the shared
+    volume in files of the block's own size."""
+    slot_bytes = slot_bytes_for(block_bytes)
+    shared = config.shared.capacity_bytes // block_bytes if config.shared.enabled else 0
+    return Blocks(config.dram.capacity_bytes // slot_bytes, config.nvme.capacity_bytes // slot_bytes, shared)
+
+
+def needed_bytes(config: KVTierConfig, block_bytes: int) -> int:
+    """The memory within which ``fit`` keeps every block the tiers ask for, with blocks of
+    ``block_bytes``: what the operator gives a sidecar whose model's KV bytes per token it was
+    told (``spec.model.kvBytesPerToken``)."""
+    slot_bytes = slot_bytes_for(block_bytes)
+    asked = asked_blocks(config, block_bytes)
+    fixed = fixed_bytes(config, asked, slot_bytes, staging_slots_for(slot_bytes))
+    index = (asked.nvme + asked.shared) * INDEX_BYTES_PER_BLOCK
+    return fixed + asked.dram * (slot_bytes + INDEX_BYTES_PER_BLOCK) + index
 
 
 def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int, shm: int | None = None) -> Fit:

@@ -21,15 +21,18 @@ from pathlib import Path
 
 from strata.worker.block_events import BlockEvents
 from strata.worker.cgroup import memory_limit
-from strata.worker.config import KVTIER_STAGING_BYTES, KVTierConfig
+from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.budget import (
     MAX_EXPECTED_BLOCKS,
+    STAGING_SLOTS,
     Blocks,
     Fit,
+    asked_blocks,
     fit,
     fixed_bytes,
     shm_room,
+    staging_slots_for,
 )
 from strata.worker.kvtier.demoter import Demoter
 from strata.worker.kvtier.index import Entry, TierIndex
@@ -85,20 +88,11 @@ class ReadAhead:
 
 
 Block = tuple[bytes, Entry]
-# Three save batches of 32 blocks: one being committed, one on its way, one being reserved
-# (the client saves in batches of a third of these); a load reads half of them per answer. Fewer
-# of blocks too large for KVTIER_STAGING_BYTES (a 70B model's 5 MiB: 51), never under the least.
-STAGING_SLOTS = 96
-LEAST_STAGING_SLOTS = 12
 PREALLOCATED_WAIT_S = 30.0  # a stop right after a start waits this long, at most, for the DRAM pages
 STAGING_WAIT_S = 120.0  # a reserve waits at most this long for in-flight puts' staging slots
 MIN_ANSWER = 8  # blocks: a load's answers from the lower tiers are not cut shorter than this
 PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
 MAX_EXPECTED = 256  # queued requests a connection may announce; the oldest are forgotten first
-
-
-def staging_slots_for(slot_bytes: int) -> int:
-    return max(LEAST_STAGING_SLOTS, min(STAGING_SLOTS, KVTIER_STAGING_BYTES // slot_bytes))
 
 
 class KVTierService:
@@ -204,8 +198,7 @@ class KVTierService:
     def _fit_memory(self) -> Fit:
         """The blocks each tier may index within the sidecar's memory (``budget``)."""
         cfg, slot_bytes = self.config, self.slot_bytes
-        shared = cfg.shared.capacity_bytes // self.block_bytes if cfg.shared.enabled else 0
-        asked = Blocks(cfg.dram.capacity_bytes // slot_bytes, cfg.nvme.capacity_bytes // slot_bytes, shared)
+        asked = asked_blocks(cfg, self.block_bytes)
         fixed = fixed_bytes(cfg, asked, slot_bytes, self.staging_slots)
         shm = shm_room(Path(cfg.dram.shm_path), self.staging_slots * slot_bytes)
         fitted = fit(asked, memory_limit(cfg.memory_bytes), fixed, slot_bytes, shm)
