@@ -51,6 +51,12 @@ class ModelConfig(_Strict):
     path: str = Field(min_length=1, description="Local directory with config.json and *.safetensors.")
     dtype: Dtype = Field("float32", description="Weights and KV-cache dtype.")
     max_context_tokens: int = Field(4096, ge=16, description="Prompt plus generated tokens per request.")
+    kv_bytes_per_token: int | None = Field(
+        None,
+        ge=1,
+        description="What the service says a token's KV takes (spec.model.kvBytesPerToken), which the "
+        "operator sized the KV-tier sidecar's memory by; the engine warns when its model's differs.",
+    )
 
 
 class EngineConfig(_Strict):

@@ -9,6 +9,7 @@ thread; tests and benchmarks call ``generate``.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ from strata.worker.models.llama import LlamaForCausalLM
 from strata.worker.models.loader import DTYPES, load_model
 from strata.worker.request_limits import RequestError as RequestError  # re-exported
 from strata.worker.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,23 @@ def num_kv_blocks(cfg: EngineConfig, device: torch.device, bytes_per_block: int)
     return max(1, budget // bytes_per_block)
 
 
+def kv_bytes_told_otherwise(told: int | None, actual: int) -> str | None:
+    """Why the figure the service gave for a token's KV (``told``) is wrong, if it is."""
+    if told is None or told == actual:
+        return None
+    effect = "larger than it needs" if told < actual else "maybe too small (then it indexes less)"
+    return (
+        f"spec.model.kvBytesPerToken: {told}, but this model's KV takes {actual} bytes a token; "
+        f"the KV-tier sidecar's memory, sized by it, is {effect}"
+    )
+
+
+def warn_if_told_otherwise(told: int | None, actual: int) -> None:
+    problem = kv_bytes_told_otherwise(told, actual)
+    if problem is not None:
+        log.warning(problem, extra={"event": "kv_bytes_per_token", "told": told, "actual": actual})
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -88,7 +108,9 @@ class LLMEngine:
         weights = next(model.parameters())
         device = weights.device
         self.max_context = min(config.model.max_context_tokens, model.config.max_position_embeddings)
-        num_blocks = num_kv_blocks(cfg, device, block_bytes(model, cfg.block_size, weights.dtype))
+        per_block = block_bytes(model, cfg.block_size, weights.dtype)
+        warn_if_told_otherwise(config.model.kv_bytes_per_token, per_block // cfg.block_size)
+        num_blocks = num_kv_blocks(cfg, device, per_block)
         self.runner = ModelRunner(model, num_blocks, cfg.block_size)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.stats = EngineStats()
