@@ -36,6 +36,7 @@ from strata.worker.config import (
     SharedTierConfig,
     WorkerConfig,
 )
+from strata.worker.kvtier.budget import needed_bytes
 from strata.worker.tokenizer import BYTE_VOCAB_SIZE
 
 MODEL_DIR = "/models"
@@ -185,19 +186,23 @@ def model_path(isvc: InferenceService) -> str:
     return MODEL_DIR if isvc.spec.model.source.pvc is not None else f"{MODEL_DIR}/model"
 
 
-def sidecar_memory_bytes(dram: int, nvme: int, shared: int) -> int:
+def sidecar_memory_bytes(kvtier: KVTierConfig, block_bytes: int | None) -> int:
     """The KV-tier sidecar's memory (its container's request and limit, and what it fits its
-    indexes within): the DRAM tier's and the staging slots' pages, a fixed overhead, and the
-    lower tiers' indexes."""
-    lower_tiers_index = (nvme + shared) // LOWER_TIER_BYTES_PER_INDEX_BYTE
-    return dram + KVTIER_STAGING_BYTES + SIDECAR_MEMORY_OVERHEAD_BYTES + lower_tiers_index
+    indexes within): the DRAM tier's and the staging slots' pages and a fixed overhead; with the
+    model's ``block_bytes`` known, at least what its every block's index takes (``needed_bytes``),
+    else 1 KiB for each MiB of the lower tiers."""
+    dram, nvme = kvtier.dram.capacity_bytes, kvtier.nvme.capacity_bytes
+    shared = kvtier.shared.capacity_bytes if kvtier.shared.enabled else 0
+    least = dram + KVTIER_STAGING_BYTES + SIDECAR_MEMORY_OVERHEAD_BYTES
+    if block_bytes is None:
+        return least + (nvme + shared) // LOWER_TIER_BYTES_PER_INDEX_BYTE
+    return max(least, needed_bytes(kvtier, block_bytes))
 
 
 def _worker_config(
     isvc: InferenceService, tier: ServiceTier, dram: int, nvme: int, salt: str
 ) -> WorkerConfig:
     spec, policy = isvc.spec, tier.spec.cache
-    shared_bytes = parse_size(policy.shared.size_per_service) if spec.cache.shared else 0
     engine = EngineConfig(
         device="cuda" if spec.resources.gpus > 0 else "cpu",
         block_size=spec.engine.block_size,
@@ -215,6 +220,7 @@ def _worker_config(
             path=model_path(isvc),
             dtype=spec.model.dtype,
             max_context_tokens=spec.model.max_context_tokens,
+            kv_bytes_per_token=spec.model.kv_bytes_per_token,
         ),
         engine=engine,
         server=ServerConfig(
@@ -222,29 +228,37 @@ def _worker_config(
             drain_timeout_s=engine.queue_timeout_s + GENERATION_BUDGET_S,
             ttft_slo_s=tier.spec.slo.ttft_p95_ms / 1000,
         ),
-        kvtier=KVTierConfig(
-            enabled=bool(dram or nvme or spec.cache.shared),
-            dram=DramTierConfig(
-                capacity_bytes=dram, eviction=policy.dram.eviction, admission=policy.dram.admission
-            ),
-            nvme=NvmeTierConfig(
-                capacity_bytes=nvme,
-                eviction=policy.nvme.eviction,
-                admission=policy.nvme.admission,
-                admit_after_hits=policy.nvme.admit_after_hits,
-                persistent=policy.nvme.survives_restart,
-            ),
-            shared=SharedTierConfig(enabled=spec.cache.shared, capacity_bytes=shared_bytes),
-            write_mode=policy.write_mode,
-            retention_s=float(policy.retention_seconds) if policy.retention_seconds else None,
-            priority=tier.spec.priority,
-            metrics_port=KV_METRICS_PORT,
-            pinned_prefixes=list(spec.cache.pinned_prefixes or []),
-            memory_bytes=sidecar_memory_bytes(dram, nvme, shared_bytes),
-        ),
+        kvtier=_kvtier_config(isvc, tier, dram, nvme),
         cache_namespace=salt,
         service_tier=tier.metadata.get("name", spec.tier),
     )
+
+
+def _kvtier_config(isvc: InferenceService, tier: ServiceTier, dram: int, nvme: int) -> KVTierConfig:
+    spec, policy = isvc.spec, tier.spec.cache
+    shared_bytes = parse_size(policy.shared.size_per_service) if spec.cache.shared else 0
+    kvtier = KVTierConfig(
+        enabled=bool(dram or nvme or spec.cache.shared),
+        dram=DramTierConfig(
+            capacity_bytes=dram, eviction=policy.dram.eviction, admission=policy.dram.admission
+        ),
+        nvme=NvmeTierConfig(
+            capacity_bytes=nvme,
+            eviction=policy.nvme.eviction,
+            admission=policy.nvme.admission,
+            admit_after_hits=policy.nvme.admit_after_hits,
+            persistent=policy.nvme.survives_restart,
+        ),
+        shared=SharedTierConfig(enabled=spec.cache.shared, capacity_bytes=shared_bytes),
+        write_mode=policy.write_mode,
+        retention_s=float(policy.retention_seconds) if policy.retention_seconds else None,
+        priority=tier.spec.priority,
+        metrics_port=KV_METRICS_PORT,
+        pinned_prefixes=list(spec.cache.pinned_prefixes or []),
+    )
+    per_token = spec.model.kv_bytes_per_token
+    block_bytes = per_token * spec.engine.block_size if per_token is not None else None
+    return kvtier.model_copy(update={"memory_bytes": sidecar_memory_bytes(kvtier, block_bytes)})
 
 
 def _router_config(isvc: InferenceService, tier: ServiceTier, worker: WorkerConfig) -> RouterConfig:

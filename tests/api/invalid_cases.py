@@ -74,6 +74,8 @@ CASES: list[Case] = [
     isvc("dtype-enum", {"model": {"dtype": "int8"}}, "spec.model.dtype"),
     isvc("context-too-small", {"model": {"maxContextTokens": 8}}, "spec.model.maxContextTokens"),
     isvc("context-type", {"model": {"maxContextTokens": "lots"}}, "spec.model.maxContextTokens"),
+    isvc("kv-bytes-zero", {"model": {"kvBytesPerToken": 0}}, "spec.model.kvBytesPerToken"),
+    isvc("kv-bytes-in-bits", {"model": {"kvBytesPerToken": 1073741824}}, "spec.model.kvBytesPerToken"),
     isvc("engine-enum", {"engine": {"kind": "vllm"}}, "spec.engine.kind"),
     isvc("block-size-zero", {"engine": {"blockSize": 0}}, "spec.engine.blockSize"),
     isvc("num-seqs-too-many", {"engine": {"maxNumSeqs": 5000}}, "spec.engine.maxNumSeqs"),

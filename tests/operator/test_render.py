@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from strata.operator import names
+from strata.operator.api.quantity import parse_size
 from strata.operator.plan import OwnerRef
 from strata.operator.render.configmap import config_hash, render_configmap
 from strata.operator.render.pdb import max_unavailable, render_pdb
@@ -18,9 +19,17 @@ from strata.operator.render.services import render_client_service, render_metric
 from strata.operator.render.storage import render_shared_claim
 from strata.operator.render.volumes import SHM_HEADROOM_BYTES
 from strata.operator.render.workload import render_workload
-from strata.operator.resolve import GENERATION_BUDGET_S, ResolveInput, resolve
+from strata.operator.resolve import GENERATION_BUDGET_S, SIDECAR_MEMORY_OVERHEAD_BYTES, ResolveInput, resolve
 from strata.operator.settings import OperatorSettings
 from strata.worker.config import DRAIN_CUTOFF_S, KVTIER_STAGING_BYTES, WorkerConfig
+from strata.worker.kvtier.arena import slot_bytes_for
+from strata.worker.kvtier.budget import (
+    INDEX_BYTES_PER_BLOCK,
+    asked_blocks,
+    fit,
+    fixed_bytes,
+    staging_slots_for,
+)
 
 from .factories import NS_UID, isvc_body, tier_body
 
@@ -116,6 +125,49 @@ def test_kvtier_is_a_native_sidecar_after_the_model_fetcher():
     # indexes within the same.
     assert sidecar["resources"]["limits"]["memory"] == "33736Mi"  # 32Gi + 256Mi + 512Mi + 200Mi
     assert plan.worker.kvtier.memory_bytes == 33736 * 2**20
+
+
+# KV bytes a token: Qwen2.5-0.5B, Qwen2.5-7B, Llama-3-8B, Llama-3-70B (bfloat16).
+KV_BYTES_PER_TOKEN = (12288, 57344, 131072, 327680)
+
+
+@pytest.mark.parametrize("per_token", KV_BYTES_PER_TOKEN)
+def test_a_model_whose_kv_bytes_per_token_are_given_gets_a_sidecar_that_indexes_every_block(per_token):
+    plan, settings = make("premium", model={"kvBytesPerToken": per_token}, cache={"shared": True})
+    kvtier = plan.worker.kvtier
+    limit = kvtier.memory_bytes
+    assert limit is not None and kvtier.shared.capacity_bytes > 0
+    assert plan.worker.model.kv_bytes_per_token == per_token  # the engine checks it at its start
+    block = per_token * plan.worker.engine.block_size
+    assert not sidecar_fit(kvtier, block, limit).clipped
+    sidecar = render_pod_template(plan, settings)["spec"]["initContainers"][1]
+    assert sidecar["resources"]["limits"]["memory"] == sidecar["resources"]["requests"]["memory"]
+    assert parse_size(sidecar["resources"]["limits"]["memory"]) >= limit
+    # Never less than the DRAM tier, the staging slots and the overhead, as without the figure.
+    least = kvtier.dram.capacity_bytes + KVTIER_STAGING_BYTES + SIDECAR_MEMORY_OVERHEAD_BYTES
+    assert limit >= least
+
+
+def test_without_the_figure_a_small_models_shared_index_is_fitted_and_with_it_it_is_not():
+    block = KV_BYTES_PER_TOKEN[0] * 16
+    unhinted, _ = make("premium", cache={"shared": True})
+    hinted, _ = make("premium", model={"kvBytesPerToken": KV_BYTES_PER_TOKEN[0]}, cache={"shared": True})
+    assert unhinted.worker.kvtier.memory_bytes is not None and hinted.worker.kvtier.memory_bytes is not None
+    fitted = sidecar_fit(unhinted.worker.kvtier, block, unhinted.worker.kvtier.memory_bytes)
+    assert fitted.fitted.shared < fitted.asked.shared
+    assert hinted.worker.kvtier.memory_bytes > unhinted.worker.kvtier.memory_bytes
+    # needed_bytes is tight: a block's index less and the shared tier gives way.
+    tight = sidecar_fit(
+        hinted.worker.kvtier, block, hinted.worker.kvtier.memory_bytes - INDEX_BYTES_PER_BLOCK
+    )
+    assert tight.fitted.shared == tight.asked.shared - 1
+
+
+def sidecar_fit(kvtier, block_bytes, limit):
+    """What the sidecar's own fit keeps within ``limit`` for the model's blocks (service._fit_memory)."""
+    slot = slot_bytes_for(block_bytes)
+    asked = asked_blocks(kvtier, block_bytes)
+    return fit(asked, limit, fixed_bytes(kvtier, asked, slot, staging_slots_for(slot)), slot)
 
 
 @pytest.mark.parametrize(
