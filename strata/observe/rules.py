@@ -212,8 +212,9 @@ def health_alerts() -> list[Alert]:
             "warning",
             f"{SERVICE_TEXT}: the {{{{ $labels.tier }}}} cache tier holds less than its size",
             "The sidecar indexes {{ $value | humanizePercentage }} of the tier's size: the model's KV "
-            "blocks are small (under 1 MiB) and their index outgrew the memory the sidecar has. Raise "
-            "spec.engine.blockSize or lower the tier's size (docs/kvtier.md, Memory).",
+            "blocks are small (under 1 MiB) and their index outgrew the memory the sidecar has. Give "
+            "spec.model.kvBytesPerToken (the operator then sizes the sidecar for the model's blocks), "
+            "raise spec.engine.blockSize or lower the tier's size (docs/kvtier.md, Memory).",
         ),
         Alert(
             "StrataOperatorReconcileErrors",
