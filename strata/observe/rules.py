@@ -217,6 +217,18 @@ def health_alerts() -> list[Alert]:
             "raise spec.engine.blockSize or lower the tier's size (docs/kvtier.md, Memory).",
         ),
         Alert(
+            "StrataRouterFollowBudgetSpent",
+            f"sum {SERVICE_KEY} (increase(strata_router_unfollowed_blocks_total[15m])) > 0",
+            "15m",
+            "warning",
+            f"{SERVICE_TEXT}: the router no longer follows every cached block",
+            "The routers left {{ $value | humanize }} block keys of the replicas' DRAM, NVMe and shared "
+            "tiers unfollowed in 15 minutes (past routing.max_followed_blocks: half a router's memory "
+            "at 160 bytes a key): requests for those blocks are routed as if nothing held them, and "
+            "hit ratios fall. Give the routers more memory (the chart's router.resources, "
+            "docs/router.md).",
+        ),
+        Alert(
             "StrataOperatorReconcileErrors",
             f"sum {by(NAMESPACE, POD)} (increase(strata_operator_reconcile_errors_total[15m])) > 0",
             "10m",
