@@ -87,6 +87,8 @@ class ServicePlan:
     worker: WorkerConfig
     router: RouterConfig
     pod: PodPlan = PodPlan()
+    # The routers' memory to follow every replica's cached blocks; None: the chart's as it is.
+    router_memory_bytes: int | None = None
 
     @property
     def kv_sidecar(self) -> bool:

@@ -25,6 +25,7 @@ from strata.operator.replicas import desired_replicas
 from strata.operator.tenancy import cache_namespace
 from strata.router.config import HoldConfig, PriorityConfig, QueueConfig, RouterConfig, WorkersConfig
 from strata.router.config import ModelConfig as RouterModel
+from strata.router.view import memory_to_follow
 from strata.worker.config import (
     KVTIER_STAGING_BYTES,
     DramTierConfig,
@@ -36,7 +37,7 @@ from strata.worker.config import (
     SharedTierConfig,
     WorkerConfig,
 )
-from strata.worker.kvtier.budget import needed_bytes
+from strata.worker.kvtier.budget import asked_blocks, needed_bytes
 from strata.worker.tokenizer import BYTE_VOCAB_SIZE
 
 MODEL_DIR = "/models"
@@ -45,6 +46,7 @@ KV_METRICS_PORT = 8001
 # How long a draining worker waits for its longest generation, on top of its queue timeout: a
 # long answer (thousands of tokens) on a busy GPU. The pod's grace period is derived from it.
 GENERATION_BUDGET_S = 120.0
+MIB = 2**20
 ROUTER_PORT = 8000  # the router pods' own IPs: the same port the clients always used
 # The KV-tier sidecar's memory beside the DRAM tier's and the staging slots' pages: the
 # interpreter, connections, and the admission policies' sketches (at most 64 MiB each).
@@ -148,6 +150,7 @@ def _plan(isvc: InferenceService, tier: ServiceTier, meta: Mapping[str, Any], sa
         worker=worker,
         router=router,
         pod=pod_plan(spec.pod),
+        router_memory_bytes=router_memory_bytes(worker, router, kv_block_bytes(isvc), spec.max_replicas),
     )
 
 
@@ -256,9 +259,26 @@ def _kvtier_config(isvc: InferenceService, tier: ServiceTier, dram: int, nvme: i
         metrics_port=KV_METRICS_PORT,
         pinned_prefixes=list(spec.cache.pinned_prefixes or []),
     )
-    per_token = spec.model.kv_bytes_per_token
-    block_bytes = per_token * spec.engine.block_size if per_token is not None else None
-    return kvtier.model_copy(update={"memory_bytes": sidecar_memory_bytes(kvtier, block_bytes)})
+    return kvtier.model_copy(update={"memory_bytes": sidecar_memory_bytes(kvtier, kv_block_bytes(isvc))})
+
+
+def kv_block_bytes(isvc: InferenceService) -> int | None:
+    """A KV block's bytes, where the service gave its model's bytes per token."""
+    per_token = isvc.spec.model.kv_bytes_per_token
+    return per_token * isvc.spec.engine.block_size if per_token is not None else None
+
+
+def router_memory_bytes(
+    worker: WorkerConfig, router: RouterConfig, block_bytes: int | None, replicas: int
+) -> int | None:
+    """The routers' memory limit under which they follow every DRAM, NVMe and shared block key of
+    ``replicas`` replicas and keep their records whole (``memory_to_follow``); None where the
+    block size is unknown (the chart's limit, and the routers follow what fits in it)."""
+    if block_bytes is None or not worker.kvtier.enabled:
+        return None
+    asked = asked_blocks(worker.kvtier, block_bytes)
+    per_replica = asked.dram + asked.nvme + router.routing.record_blocks
+    return -(-memory_to_follow(replicas * per_replica + asked.shared) // MIB) * MIB  # whole MiB
 
 
 def _router_config(isvc: InferenceService, tier: ServiceTier, worker: WorkerConfig) -> RouterConfig:

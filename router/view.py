@@ -11,6 +11,7 @@ volume all replicas read, so what any sidecar wrote to it counts for every endpo
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -54,6 +55,12 @@ def followed_limit(memory_bytes: int | None) -> int | None:
     if memory_bytes is None:
         return None
     return int(memory_bytes * FOLLOWED_SHARE) // FOLLOWED_BYTES_PER_KEY
+
+
+def memory_to_follow(keys: int) -> int:
+    """The container memory limit under which a router follows ``keys`` (``followed_limit``'s
+    inverse): what the operator gives the routers of a service whose block size it knows."""
+    return math.ceil(keys * FOLLOWED_BYTES_PER_KEY / FOLLOWED_SHARE)
 
 
 class FollowBudget:

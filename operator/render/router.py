@@ -11,8 +11,9 @@ operator's autoscaler's job, from the router's held-requests metric.
 from __future__ import annotations
 
 from strata.operator import names
+from strata.operator.api.quantity import parse_size
 from strata.operator.plan import ServicePlan
-from strata.operator.render.common import Manifest, content_hash, metadata
+from strata.operator.render.common import Manifest, bytes_quantity, content_hash, metadata
 from strata.operator.render.pod import (
     LISTEN_ON_POD_IP,
     container_security_context,
@@ -163,13 +164,26 @@ def _container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "args": LISTEN_ON_POD_IP,  # as the workers: on the local pod runtime pods share a host
         "ports": [{"name": "http", "containerPort": plan.router.port, "protocol": "TCP"}],
         "env": [*pod_env(), *api_key_env(plan)],  # POD_IP among pod_env's
-        "resources": settings.router_resources.manifest(),
+        "resources": router_resources(plan, settings),
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 60},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 2},
         "volumeMounts": _mounts(plan),
         "securityContext": container_security_context(),
     }
+
+
+def router_resources(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
+    """The chart's router resources; where the plan says what following every replica's blocks
+    takes and the chart's memory limit is less, that (as request and limit: followed keys are
+    held for good, so a request below them is memory the node may not have)."""
+    manifest: Manifest = settings.router_resources.manifest()
+    need, limits = plan.router_memory_bytes, manifest.get("limits", {})
+    if need is None or "memory" not in limits or parse_size(limits["memory"]) >= need:
+        return manifest
+    memory = bytes_quantity(need)
+    requests = manifest.get("requests", {})
+    return {**manifest, "requests": {**requests, "memory": memory}, "limits": {**limits, "memory": memory}}
 
 
 def api_key_env(plan: ServicePlan) -> list[Manifest]:

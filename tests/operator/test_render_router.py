@@ -18,6 +18,7 @@ from strata.operator.resolve import ResolveInput, resolve
 from strata.operator.settings import OperatorSettings, Resources
 from strata.router.config import HoldConfig, RouterConfig
 from strata.router.discovery import pod_state
+from strata.router.view import followed_limit
 from strata.worker.kv_connector import root_hash
 
 from .factories import NS_UID, isvc_body, tier_body
@@ -209,3 +210,38 @@ def test_router_resources_come_from_the_settings():
     small = OperatorSettings(router_resources=Resources(requests=(("cpu", "50m"),)))
     container = render_router(plan_of(), small)[-1]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"] == {"requests": {"cpu": "50m"}}
+
+
+def router_container(plan, settings: OperatorSettings | None = None) -> dict[str, Any]:
+    deployment = render_router(plan, settings or OperatorSettings())[-1]
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def test_routers_of_a_service_whose_block_size_is_known_get_the_memory_to_follow_every_block():
+    # Llama-3-8B (128 KiB a token, 2 MiB blocks) at the premium tier's largest sizes, 8 replicas:
+    # 8 x (65,536 DRAM + 524,288 NVMe + 100,000 record) + 256,000 shared = 5,774,592 keys, at
+    # 160 bytes each in half the memory: 1,847,869,440 bytes, 1,763 MiB rounded up.
+    big = {"dram": "128Gi", "nvme": "1Ti", "shared": True}
+    plan = plan_of("premium", model={"kvBytesPerToken": 131072}, cache=big, maxReplicas=8)
+    assert plan.router_memory_bytes == 1763 * 2**20
+    resources = router_container(plan)["resources"]
+    assert resources == {"requests": {"cpu": "250m", "memory": "1763Mi"}, "limits": {"memory": "1763Mi"}}
+    # The routers then follow all of it (router/view.py's own arithmetic).
+    assert (followed_limit(plan.router_memory_bytes) or 0) >= 5_774_592
+
+
+def test_a_small_service_or_an_unknown_block_size_keeps_the_charts_router_resources():
+    small = plan_of("premium", model={"kvBytesPerToken": 131072}, maxReplicas=1)
+    assert small.router_memory_bytes is not None and small.router_memory_bytes < 2**30
+    unknown = plan_of("premium", cache={"dram": "128Gi", "nvme": "1Ti", "shared": True}, maxReplicas=8)
+    assert unknown.router_memory_bytes is None
+    for plan in (small, unknown):
+        assert router_container(plan)["resources"] == {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"memory": "1Gi"},
+        }
+    # A chart without a memory limit: the routers follow everything already.
+    unlimited = OperatorSettings(router_resources=Resources(requests=(("cpu", "50m"),)))
+    big = plan_of("premium", model={"kvBytesPerToken": 12288}, cache={"nvme": "1Ti"}, maxReplicas=8)
+    assert router_container(big, unlimited)["resources"] == {"requests": {"cpu": "50m"}}

@@ -4,7 +4,14 @@ down, shared-tier blocks pooled across endpoints, lower-tier keys within one fol
 from __future__ import annotations
 
 from strata.router.choose import Tier
-from strata.router.view import FOLLOWED_BYTES_PER_KEY, BlockView, FollowBudget, SharedPool, followed_limit
+from strata.router.view import (
+    FOLLOWED_BYTES_PER_KEY,
+    BlockView,
+    FollowBudget,
+    SharedPool,
+    followed_limit,
+    memory_to_follow,
+)
 from strata.worker.block_events import Event
 
 
@@ -94,6 +101,10 @@ def test_the_follow_budget_is_half_the_routers_memory():
     assert followed_limit(None) is None
     assert followed_limit(1 << 30) == (1 << 29) // FOLLOWED_BYTES_PER_KEY  # 3.4M keys in 1 GiB
     assert FollowBudget().take(10**9) == 10**9  # no limit known: everything is followed
+    # ... and the operator's memory for a known count of keys is its exact inverse.
+    for keys in (1, 3_355_443, 5_774_592):
+        assert followed_limit(memory_to_follow(keys)) == keys
+        assert (followed_limit(memory_to_follow(keys) - FOLLOWED_BYTES_PER_KEY) or 0) < keys
 
 
 def test_the_routers_records_share_the_budget_and_shrink_rather_than_grow_past_it():
