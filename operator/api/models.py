@@ -203,8 +203,10 @@ class ModelSpec(ApiModel):
         description="KV-cache bytes one token takes over all layers at `dtype` (bytes): 2 x layers x "
         "KV heads x head dim x bytes per value, e.g. 131072 for Llama-3-8B in bfloat16, 57344 for "
         "Qwen2.5-7B, 12288 for Qwen2.5-0.5B. Sizes the KV-tier sidecar's memory for the index of "
-        "every block its tiers hold. Unset: sized for blocks of 1 MiB or more; with smaller blocks "
-        "the sidecar indexes less of its shared and NVMe tiers (alert StrataKVTierFittedToMemory).",
+        "every block its tiers hold, and the routers' for following every replica's blocks. Unset: "
+        "the sidecar is sized for blocks of 1 MiB or more, and with smaller blocks indexes less of "
+        "its shared and NVMe tiers (alert StrataKVTierFittedToMemory); the routers get the chart's "
+        "memory.",
     )
 
 
