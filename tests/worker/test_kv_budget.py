@@ -56,3 +56,10 @@ def test_an_engine_told_the_wrong_figure_warns_at_its_start(make_engine, caplog)
         LLMEngine(right, engine.runner.model, engine.tokenizer)
     warned = [r for r in caplog.records if getattr(r, "event", None) == "kv_bytes_per_token"]
     assert len(warned) == 1 and warned[0].actual == per_token
+    # Not given: the engine says its model's figure, for the user to give.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="strata.worker.engine.llm_engine"):
+        LLMEngine(engine.config, engine.runner.model, engine.tokenizer)
+    said = [r for r in caplog.records if getattr(r, "event", None) == "kv_bytes_per_token"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO and said[0].told is None
+    assert f"{per_token} bytes a token" in said[0].getMessage()

@@ -83,9 +83,14 @@ def kv_bytes_told_otherwise(told: int | None, actual: int) -> str | None:
 
 
 def warn_if_told_otherwise(told: int | None, actual: int) -> None:
+    """Says the model's figure where the service gave none (for the user to give it), and warns
+    where it gave another."""
+    extra = {"event": "kv_bytes_per_token", "told": told, "actual": actual}
     problem = kv_bytes_told_otherwise(told, actual)
     if problem is not None:
-        log.warning(problem, extra={"event": "kv_bytes_per_token", "told": told, "actual": actual})
+        log.warning(problem, extra=extra)
+    elif told is None:
+        log.info("this model's KV takes %d bytes a token (spec.model.kvBytesPerToken)", actual, extra=extra)
 
 
 class LLMEngine:
