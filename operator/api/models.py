@@ -206,7 +206,7 @@ class ModelSpec(ApiModel):
         "every block its tiers hold, and the routers' for following every replica's blocks. Unset: "
         "the sidecar is sized for blocks of 1 MiB or more, and with smaller blocks indexes less of "
         "its shared and NVMe tiers (alert StrataKVTierFittedToMemory); the routers get the chart's "
-        "memory.",
+        "memory. The worker logs its model's own figure at its start (event kv_bytes_per_token).",
     )
 
 
