@@ -117,7 +117,7 @@ def test_a_sidecar_with_little_memory_indexes_fewer_lower_tier_blocks_and_says_s
         assert service.metrics.capacity_bytes.labels("shared")._value.get() == 100 * SLOT
         assert service.metrics.configured_bytes.labels("shared")._value.get() == 64 * MiB  # the alert's
         (said,) = [r for r in caplog.records if getattr(r, "event", None) == "memory_fit"]
-        assert "fitted within" in said.getMessage()
+        assert "fitted within" in said.getMessage() and "spec.model.kvBytesPerToken" in said.getMessage()
     finally:
         service.close()
 

@@ -204,7 +204,9 @@ class KVTierService:
         fitted = fit(asked, memory_limit(cfg.memory_bytes), fixed, slot_bytes, shm)
         if fitted.clipped:
             log.warning(
-                "kvtier: %d-byte blocks: fitted within %s bytes of memory and %s of /dev/shm: %s of %s",
+                "kvtier: %d-byte blocks: fitted within %s bytes of memory and %s of /dev/shm: %s of %s; "
+                "give the service spec.model.kvBytesPerToken (the engine logs its model's at its start) "
+                "and the operator sizes the sidecar for them",
                 self.block_bytes,
                 fitted.limit,
                 fitted.shm,
