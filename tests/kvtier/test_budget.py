@@ -71,7 +71,8 @@ def test_the_fixed_part_counts_the_admission_policies_sketches_and_shadows(root)
     dram_table, shadow_keys = footprint("adaptive", asked.dram)
     nvme_table, _ = footprint("doorkeeper", asked.nvme)
     assert shadow_keys and dram_table < nvme_table
-    base = budget.BASE_BYTES + 8 * SLOT + budget.MAX_EXPECTED_BLOCKS * budget.EXPECTED_BYTES_PER_BLOCK
+    lookaheads = 2 * budget.MAX_EXPECTED_BLOCKS * budget.EXPECTED_BYTES_PER_BLOCK  # engine's, routers'
+    base = budget.BASE_BYTES + 8 * SLOT + lookaheads
     # each table in memory and in its file, the largest twice more (a save's copies), the
     # shadow tiers' keys
     assert fixed_bytes(plain, asked, SLOT, staging_slots=8) == base + 4 * sightings

@@ -42,6 +42,7 @@ TABLE_BYTES_PER_SLOT = 64  # the DRAM slot table's record per slot, beside the s
 # request past it is not announced; the nearer ones, scheduled sooner, keep theirs.
 MAX_EXPECTED_BLOCKS = 1 << 17
 EXPECTED_BYTES_PER_BLOCK = 256
+LOOKAHEADS = 2  # the engine's queue, and the routers' together (``announced``): each that many
 # Three save batches of 32 blocks: one being committed, one on its way, one being reserved
 # (the client saves in batches of a third of these); a load reads half of them per answer. Fewer
 # of blocks too large for KVTIER_STAGING_BYTES (a 70B model's 5 MiB: 51), never under the least.
@@ -123,10 +124,10 @@ def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int, shm: int 
 
 def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_slots: int) -> int:
     """What the sidecar holds whatever it indexes: the interpreter, the staging slots' pages, the
-    look-ahead's announced blocks at most, and the admission policies' sketches and shadow tiers
-    at the asked sizes (at most what the fitted ones take); each sketch once more in its file (on
-    the memory-backed volume, or counted as if it were), and room for a save's copies of the
-    largest (exported, and its temporary file)."""
+    look-aheads' announced blocks at most (the engine's and the routers'), and the admission
+    policies' sketches and shadow tiers at the asked sizes (at most what the fitted ones take);
+    each sketch once more in its file (on the memory-backed volume, or counted as if it were),
+    and room for a save's copies of the largest (exported, and its temporary file)."""
     tables = [0]
     keys = 0
     for policy, capacity in ((config.dram.admission, asked.dram), (config.nvme.admission, asked.nvme)):
@@ -137,7 +138,7 @@ def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_sl
     if asked.nvme:
         tables.append(SightingCounts.table_bytes(asked.nvme))
     sketches = 2 * sum(tables) + 2 * max(tables) + keys * INDEX_BYTES_PER_BLOCK
-    lookahead = MAX_EXPECTED_BLOCKS * EXPECTED_BYTES_PER_BLOCK
+    lookahead = LOOKAHEADS * MAX_EXPECTED_BLOCKS * EXPECTED_BYTES_PER_BLOCK
     return BASE_BYTES + staging_slots * slot_bytes + sketches + lookahead
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import BufferedIOBase
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,6 +21,7 @@ from prometheus_client import (
 
 from strata.worker import block_events
 from strata.worker.block_events import BlockEvents
+from strata.worker.kvtier import protocol
 from strata.worker.kvtier.janitor import Sweep
 
 _PREFIX = "strata_kvtier_"
@@ -106,17 +110,42 @@ class _Server(ThreadingHTTPServer):
         super().shutdown()
 
 
+def _announce(
+    announce: Callable[[Any], dict[str, Any]], length: str | None, body: BufferedIOBase
+) -> tuple[int, dict[str, Any]]:
+    """The HTTP answer to a router's announcement: 200 and what was announced, 400 naming what is
+    wrong with it, 413 past ``MAX_BODY_BYTES``, 503 before the engine's hello."""
+    size = int(length) if length and length.isdigit() else -1
+    if not 0 <= size <= protocol.EXPECT_MAX_BODY_BYTES:
+        return 413, {"error": f"Content-Length: expected 0 to {protocol.EXPECT_MAX_BODY_BYTES} bytes"}
+    try:
+        return 200, announce(json.loads(body.read(size) or b"null"))
+    except ValueError as err:  # JSON that does not parse, or a field that is wrong
+        return 400, {"error": str(err)}
+    except RuntimeError as err:
+        return 503, {"error": str(err)}
+
+
 def serve_http(
     port: int,
     metrics: TierMetrics,
     healthy: Callable[[], bool],
     host: str = "0.0.0.0",
     events: BlockEvents | None = None,
+    announce: Callable[[Any], dict[str, Any]] | None = None,
 ) -> ThreadingHTTPServer:
-    """Serve /metrics, /health and (with ``events``) the tiers' block events on /kv/events, on
-    daemon threads; returns the server (``shutdown()`` it)."""
+    """Serve /metrics, /health and (with ``events``) the tiers' block events on /kv/events, and
+    (with ``announce``) the routers' queued requests on ``POST /kv/expect``, on daemon threads;
+    returns the server (``shutdown()`` it)."""
 
     class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            if self.path != protocol.EXPECT_PATH or announce is None:
+                self._reply(404, b"not found\n", "text/plain")
+                return
+            code, answer = _announce(announce, self.headers.get("Content-Length"), self.rfile)
+            self._reply(code, json.dumps(answer).encode(), "application/json")
+
         def do_GET(self) -> None:
             if self.path == block_events.PATH and events is not None:
                 self._stream(events)

@@ -18,6 +18,7 @@ from typing import Any
 
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier import protocol
+from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, Announcers
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
 from strata.worker.kvtier.protocol import Message
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
@@ -319,6 +320,7 @@ class Sidecar:
         self.config = config
         self.metrics = TierMetrics()
         self.service = KVTierService(config, self.metrics)
+        self.announcers = Announcers(self.service)
         if block_bytes:
             self.service.configure(block_bytes)
         self._metrics_port = config.metrics_port if metrics_port is None else metrics_port
@@ -344,12 +346,19 @@ class Sidecar:
                 self._serving,
                 self._metrics_host,
                 events=self.service.events,
+                announce=self.announcers.handle,
             )
         threading.Thread(target=self._sweep_loop, name="kvtier-sweep", daemon=True).start()
+        threading.Thread(target=self._expire_loop, name="kvtier-announced", daemon=True).start()
         log.info("kvtier: serving on %s, metrics on %s:%s", path, self._metrics_host, self._metrics_port)
 
     def _serving(self) -> bool:
         return self._server is not None
+
+    def _expire_loop(self) -> None:
+        """Forgets what routers that stopped announcing had announced."""
+        while not self._stop.wait(ANNOUNCED_TTL_S / 3):
+            self.announcers.expire()
 
     def _sweep_loop(self) -> None:
         retention = self.config.retention_s
