@@ -117,6 +117,11 @@ class RoutingConfig(_Strict):
         description="Blocks remembered per endpoint from the router's own routing, used "
         "when that endpoint's event stream is down.",
     )
+    announce_queue: bool = Field(
+        True,
+        description="Tell each replica's KV-tier sidecar which requests wait here for it (look-ahead): "
+        "it keeps their blocks and moves them up to DRAM before they arrive.",
+    )
     max_followed_blocks: int | None = Field(
         None,
         ge=0,

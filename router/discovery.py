@@ -19,6 +19,7 @@ from strata.router.config import WorkersConfig
 from strata.router.fleet import Address
 from strata.router.kube import KubeError, PodReader
 from strata.worker.block_events import PATH as EVENTS_PATH
+from strata.worker.kvtier.protocol import EXPECT_PATH
 
 log = logging.getLogger(__name__)
 RETRY_S = 2.0
@@ -36,9 +37,11 @@ def address(host: str, workers: WorkersConfig) -> Address:
     host = f"[{host}]" if ":" in host else host
     url = f"http://{host}:{workers.port}"
     events = {"worker": url + EVENTS_PATH}
-    if workers.kv_events_port is not None:
-        events["sidecar"] = f"http://{host}:{workers.kv_events_port}{EVENTS_PATH}"
-    return Address(url, events)
+    if workers.kv_events_port is None:
+        return Address(url, events)
+    sidecar = f"http://{host}:{workers.kv_events_port}"
+    events["sidecar"] = sidecar + EVENTS_PATH
+    return Address(url, events, sidecar + EXPECT_PATH)
 
 
 def pod_state(pod: Mapping[str, Any], workers: WorkersConfig) -> PodState | None:

@@ -28,6 +28,7 @@ class Address:
 
     url: str
     events: dict[str, str]  # source (worker, sidecar) -> URL
+    expect: str | None = None  # the sidecar's look-ahead (POST): None without a sidecar
 
 
 @dataclass
@@ -84,6 +85,9 @@ class Fleet:
     def any_ready(self) -> bool:
         """Whether the service has a replica at all (a down one comes back; none means hold)."""
         return any(e.ready and not e.terminating for e in self.endpoints.values())
+
+    def routable(self, now: float) -> list[Endpoint]:
+        return [e for e in self.endpoints.values() if e.routable(now)]
 
     def free(self, now: float) -> list[Endpoint]:
         return [e for e in self.endpoints.values() if e.routable(now) and e.inflight < self.max_inflight]

@@ -57,6 +57,16 @@ class _Waiter:
     arrived: float = field(compare=False)
     held: bool = field(compare=False)
     future: asyncio.Future[Route] = field(compare=False)
+    expected_at: str | None = field(default=None, compare=False)  # the endpoint it will likely get
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A request waiting at the router, where it is expected to go (``announce``)."""
+
+    request: str
+    prompt: Prompt
+    endpoint: str
 
 
 class Gate:
@@ -74,6 +84,13 @@ class Gate:
         self._order = itertools.count()
         self._rr = itertools.count()
         self.completions = DecayedTokens(RATE_WINDOW_S)
+        self.changes = 0  # bumped whenever the queue changes: the look-ahead resends
+
+    def queue(self) -> list[Queued]:
+        """The requests waiting for a slot (not those held at zero), nearest first, each with
+        the endpoint it is expected to get."""
+        waiting = sorted(w for w in self._waiting if not w.held and not w.future.done())
+        return [Queued(f"q{w.key[1]}", w.prompt, w.expected_at) for w in waiting if w.expected_at]
 
     # ---- counts (metrics) ----
 
@@ -128,6 +145,7 @@ class Gate:
                 return
             heapq.heappop(self._waiting)
             waiter.future.set_result(route)
+            self.changes += 1
 
     # ---- decisions ----
 
@@ -160,8 +178,18 @@ class Gate:
             self._check_queue(priority)
         loop = asyncio.get_running_loop()
         waiter = _Waiter((-priority, next(self._order)), prompt, now, held, loop.create_future())
+        waiter.expected_at = None if held else self._expected_at(prompt, now)
         heapq.heappush(self._waiting, waiter)
+        self.changes += 1
         return waiter
+
+    def _expected_at(self, prompt: Prompt, now: float) -> str | None:
+        """Where a queued request will likely go once a slot frees: the first of the ranking
+        over every routable endpoint, full ones included."""
+        candidates = [e.candidate(now) for e in self.fleet.routable(now)]
+        if not candidates or self.config.policy == "round-robin":
+            return None
+        return str(choose(prompt, candidates, self.policy, self.rng).order[0])
 
     def _check_queue(self, priority: int) -> None:
         if self.queued() >= self.config.queue.max_len:
@@ -195,3 +223,4 @@ class Gate:
         if waiter in self._waiting:
             self._waiting.remove(waiter)
             heapq.heapify(self._waiting)
+            self.changes += 1

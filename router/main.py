@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from strata.router import discovery, follow
+from strata.router.announce import Announcer
 from strata.router.app import Parts, build_app
 from strata.router.config import RouterConfig
 from strata.router.fleet import Endpoint, Fleet
@@ -100,6 +101,9 @@ class Runtime:
                 asyncio.ensure_future(discovery.watch_pods(self.reader, self.config.workers, self.apply))
             )
         self.tasks.append(asyncio.ensure_future(self._tick()))
+        if self.config.routing.announce_queue and self.config.workers.kv_events_port is not None:
+            announcer = Announcer(self.session, self.fleet, self.gate)
+            self.tasks.append(asyncio.ensure_future(announcer.run()))
 
     async def _tick(self) -> None:
         while True:

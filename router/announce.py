@@ -1,0 +1,100 @@
+"""Look-ahead from the router's queue: each replica's sidecar learns which requests wait here for
+it (``POST /kv/expect``, ``strata.worker.kvtier.announced``), so it keeps their blocks and moves
+them up to DRAM before they arrive.
+
+Why: the router lets each replica run at most as many requests as its engine batches, so under
+load the engine's own queue is short and the requests that come next wait here. Each waiting
+request is expected at the endpoint its ranking put first when it queued (``Gate.queue``).
+
+Each message is the whole set for that replica, sent when it changed (at most every
+``ANNOUNCE_EVERY_S``) and again every ``RESEND_S`` while not empty, so the sidecar, which forgets
+a silent router's set after 30 s, keeps it exactly as long as the requests wait. A failed
+send is retried when the set changes or at the next resend; the look-ahead is a hint, and
+requests never wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from strata.router.fleet import Fleet
+from strata.router.gate import Gate, Queued
+
+log = logging.getLogger(__name__)
+ANNOUNCE_EVERY_S = 0.25
+RESEND_S = 10.0  # well within the sidecar's ANNOUNCED_TTL_S
+POST_TIMEOUT_S = 5.0
+
+Sets = dict[str, dict[str, list[str]]]  # endpoint -> request id -> hex block keys
+
+
+def plan(queue: Iterable[Queued], endpoints: Iterable[str]) -> Sets:
+    """Each endpoint's set (empty where nothing waits for it): the usable blocks of the requests
+    expected there, nearest first."""
+    sets: Sets = {name: {} for name in endpoints}
+    for queued in queue:
+        if queued.endpoint in sets:
+            usable = queued.prompt.blocks[: queued.prompt.usable_blocks]
+            sets[queued.endpoint][queued.request] = [k.hex() for k in usable if isinstance(k, bytes)]
+    return sets
+
+
+def due(sets: Sets, sent: Mapping[str, tuple[dict[str, list[str]], float]], now: float) -> list[str]:
+    """The endpoints to send to now: their set changed since it was last sent (an empty set to
+    an endpoint never sent anything has not), or it is not empty and was sent ``RESEND_S`` ago."""
+
+    def is_due(name: str, requests: dict[str, list[str]]) -> bool:
+        last = sent.get(name)
+        if last is None:
+            return bool(requests)
+        return last[0] != requests or (bool(requests) and now - last[1] >= RESEND_S)
+
+    return [name for name, requests in sets.items() if is_due(name, requests)]
+
+
+def router_name() -> str:
+    """What the sidecars know this router by: its pod's name."""
+    return os.environ.get("HOSTNAME") or socket.gethostname()
+
+
+@dataclass
+class Announcer:
+    session: aiohttp.ClientSession
+    fleet: Fleet
+    gate: Gate
+    name: str = field(default_factory=router_name)
+    sent: dict[str, tuple[dict[str, list[str]], float]] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        while True:
+            await self.tick(time.monotonic())
+            await asyncio.sleep(ANNOUNCE_EVERY_S)
+
+    async def tick(self, now: float) -> None:
+        targets = {n: e.address.expect for n, e in self.fleet.endpoints.items() if e.address.expect}
+        for gone in set(self.sent) - set(targets):
+            del self.sent[gone]
+        sets = plan(self.gate.queue(), targets)
+        await asyncio.gather(*(self._send(n, targets[n], sets[n], now) for n in due(sets, self.sent, now)))
+
+    async def _send(self, endpoint: str, url: str, requests: dict[str, list[str]], now: float) -> None:
+        body = {"from": self.name, "requests": requests}
+        timeout = aiohttp.ClientTimeout(total=POST_TIMEOUT_S)
+        # Recorded whatever the answer: a failed set is sent again when it changes or at the
+        # next resend, not at every tick (a sidecar before its engine's hello answers 503).
+        self.sent[endpoint] = (requests, now)
+        try:
+            async with self.session.post(url, json=body, timeout=timeout) as resp:
+                if resp.status != 200:
+                    why = await resp.text()
+                    log.debug("look-ahead to %s refused: HTTP %d %s", endpoint, resp.status, why)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.debug("look-ahead to %s not sent: %s", endpoint, exc or type(exc).__name__)
