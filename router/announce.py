@@ -73,6 +73,11 @@ class Announcer:
     name: str = field(default_factory=router_name)
     sent: dict[str, tuple[dict[str, list[str]], float]] = field(default_factory=dict)
 
+    @property
+    def announced(self) -> int:
+        """Requests in the sets last sent (``strata_router_lookahead_requests``)."""
+        return sum(len(requests) for requests, _ in self.sent.values())
+
     async def run(self) -> None:
         while True:
             await self.tick(time.monotonic())

@@ -103,6 +103,7 @@ class Runtime:
         self.tasks.append(asyncio.ensure_future(self._tick()))
         if self.config.routing.announce_queue and self.config.workers.kv_events_port is not None:
             announcer = Announcer(self.session, self.fleet, self.gate)
+            self.metrics.live.lookahead = lambda: announcer.announced
             self.tasks.append(asyncio.ensure_future(announcer.run()))
 
     async def _tick(self) -> None:

@@ -24,6 +24,7 @@ HELD = P + "held_requests"  # the autoscaler reads this one to wake a service at
 class LiveCollector(Collector):
     def __init__(self, fleet: Fleet, gate: Gate, clock: Callable[[], float] = time.monotonic) -> None:
         self.fleet, self.gate, self.clock = fleet, gate, clock
+        self.lookahead: Callable[[], int] = lambda: 0  # set once the look-ahead runs (``announce``)
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -31,6 +32,11 @@ class LiveCollector(Collector):
         )
         yield GaugeMetricFamily(
             P + "queued_requests", "Requests waiting for a free replica slot.", self.gate.queued()
+        )
+        yield GaugeMetricFamily(
+            P + "lookahead_requests",
+            "Queued requests in the sets last sent to the replicas' sidecars (look-ahead).",
+            self.lookahead(),
         )
         endpoints = GaugeMetricFamily(P + "endpoints", "Worker endpoints by state.", labels=["state"])
         for state, count in self.fleet.states(self.clock()).items():
@@ -105,7 +111,8 @@ class RouterMetrics:
         self.endpoint_failures = Counter(
             P + "endpoint_failures", "Endpoints marked down, by cause.", ["cause"], registry=r
         )
-        self.registry.register(LiveCollector(fleet, gate))
+        self.live = LiveCollector(fleet, gate)
+        self.registry.register(self.live)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -124,6 +124,7 @@ async def test_the_router_announces_its_queue_to_a_real_sidecar_and_clears_it(si
         announcer = Announcer(session, fleet, gate, name="chat-router-a")
         await announcer.tick(0.0)
         assert [service.dram.index.is_expected(k) for k in asked.blocks] == [True, True]
+        assert announcer.announced == 1
         gate.finished(first.endpoints[0])  # the waiter gets the slot: it leaves the queue
         await waiting
         await announcer.tick(1.0)
