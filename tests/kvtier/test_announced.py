@@ -16,9 +16,10 @@ import pytest
 
 from strata.worker.kvtier import announced
 from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, MAX_ANNOUNCERS, Announcers, parse, within
+from strata.worker.kvtier.budget import MAX_EXPECTED
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
 from strata.worker.kvtier.protocol import EXPECT_PATH
-from strata.worker.kvtier.service import MAX_EXPECTED, KVTierService
+from strata.worker.kvtier.service import KVTierService
 
 from .conftest import kvtier_config
 

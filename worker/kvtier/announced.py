@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata.worker.kvtier.budget import MAX_EXPECTED_BLOCKS
-from strata.worker.kvtier.service import MAX_EXPECTED, KVTierService, Owner
+from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS
+from strata.worker.kvtier.service import KVTierService, Owner
 
 MAX_ANNOUNCERS = 8  # routers of one service: 2 by default; more only while they roll
 ANNOUNCED_TTL_S = 30.0  # routers resend their sets every few seconds

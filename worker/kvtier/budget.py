@@ -41,6 +41,7 @@ TABLE_BYTES_PER_SLOT = 64  # the DRAM slot table's record per slot, beside the s
 # of long prompts (64 of 128k tokens is 512k blocks) would otherwise hold hundreds of MB. A
 # request past it is not announced; the nearer ones, scheduled sooner, keep theirs.
 MAX_EXPECTED_BLOCKS = 1 << 17
+MAX_EXPECTED = 256  # queued requests a connection may announce; the oldest are forgotten first
 EXPECTED_BYTES_PER_BLOCK = 256
 LOOKAHEADS = 2  # the engine's queue, and the routers' together (``announced``): each that many
 # Three save batches of 32 blocks: one being committed, one on its way, one being reserved

@@ -24,6 +24,7 @@ from strata.worker.cgroup import memory_limit
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.budget import (
+    MAX_EXPECTED,
     MAX_EXPECTED_BLOCKS,
     STAGING_SLOTS,
     Blocks,
@@ -92,7 +93,6 @@ PREALLOCATED_WAIT_S = 30.0  # a stop right after a start waits this long, at mos
 STAGING_WAIT_S = 120.0  # a reserve waits at most this long for in-flight puts' staging slots
 MIN_ANSWER = 8  # blocks: a load's answers from the lower tiers are not cut shorter than this
 PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
-MAX_EXPECTED = 256  # queued requests a connection may announce; the oldest are forgotten first
 
 
 class KVTierService:
