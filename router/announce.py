@@ -27,6 +27,7 @@ import aiohttp
 
 from strata.router.fleet import Fleet
 from strata.router.gate import Gate, Queued
+from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 0.25
@@ -38,12 +39,20 @@ Sets = dict[str, dict[str, list[str]]]  # endpoint -> request id -> hex block ke
 
 def plan(queue: Iterable[Queued], endpoints: Iterable[str]) -> Sets:
     """Each endpoint's set (empty where nothing waits for it): the usable blocks of the requests
-    expected there, nearest first."""
+    expected there, nearest first, within what a sidecar takes from its routers (``MAX_EXPECTED``
+    requests, ``MAX_EXPECTED_BLOCKS`` blocks: the farther ones would not be announced anyway, and
+    a queue of long prompts would otherwise make a body of tens of MB)."""
     sets: Sets = {name: {} for name in endpoints}
+    room = dict.fromkeys(sets, MAX_EXPECTED_BLOCKS)
     for queued in queue:
-        if queued.endpoint in sets:
-            usable = queued.prompt.blocks[: queued.prompt.usable_blocks]
-            sets[queued.endpoint][queued.request] = [k.hex() for k in usable if isinstance(k, bytes)]
+        requests = sets.get(queued.endpoint)
+        if requests is None or len(requests) == MAX_EXPECTED or room[queued.endpoint] < 0:
+            continue
+        usable = queued.prompt.blocks[: queued.prompt.usable_blocks]
+        keys = [k.hex() for k in usable if isinstance(k, bytes)]
+        room[queued.endpoint] -= len(keys)
+        if room[queued.endpoint] >= 0:
+            requests[queued.request] = keys
     return sets
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from strata.router import announce
 from strata.router.announce import RESEND_S, Announcer, due, plan
 from strata.router.choose import Prompt
 from strata.router.config import RouterConfig
@@ -51,6 +52,19 @@ def test_each_endpoint_gets_the_requests_expected_there_nearest_first():
     # The block holding the prompt's last token is not announced: no cache serves it.
     partial = Prompt([key(1), key(2)], 2 * BLOCK_TOKENS, BLOCK_TOKENS)
     assert plan([Queued("q", partial, "e0")], ["e0"]) == {"e0": {"q": hexes(1)}}
+
+
+def test_an_endpoints_set_stops_where_its_sidecar_would(monkeypatch):
+    monkeypatch.setattr(announce, "MAX_EXPECTED_BLOCKS", 3)
+    queue = [
+        Queued("q1", prompt(1, 2), "e0"),
+        Queued("q2", prompt(3, 4), "e0"),
+        Queued("q3", prompt(5), "e0"),
+    ]
+    assert plan(queue, ["e0"]) == {"e0": {"q1": hexes(1, 2)}}  # q2 does not fit: nor does q3
+    monkeypatch.setattr(announce, "MAX_EXPECTED", 2)
+    queue = [Queued(f"q{n}", prompt(n), "e0") for n in range(4)]
+    assert list(plan(queue, ["e0"])["e0"]) == ["q0", "q1"]
 
 
 def test_a_set_is_sent_when_it_changed_and_resent_while_not_empty():
