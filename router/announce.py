@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -37,7 +37,15 @@ POST_TIMEOUT_S = 5.0
 Sets = dict[str, dict[str, list[str]]]  # endpoint -> request id -> hex block keys
 
 
-def plan(queue: Iterable[Queued], endpoints: Iterable[str]) -> Sets:
+def hex_keys(queued: Queued) -> list[str]:
+    """The request's blocks a cache may serve, as the sidecar takes them."""
+    usable = queued.prompt.blocks[: queued.prompt.usable_blocks]
+    return [k.hex() for k in usable if isinstance(k, bytes)]
+
+
+def plan(
+    queue: Iterable[Queued], endpoints: Iterable[str], keys_of: Callable[[Queued], list[str]] = hex_keys
+) -> Sets:
     """Each endpoint's set (empty where nothing waits for it): the usable blocks of the requests
     expected there, nearest first, within what a sidecar takes from its routers (``MAX_EXPECTED``
     requests, ``MAX_EXPECTED_BLOCKS`` blocks: the farther ones would not be announced anyway, and
@@ -48,8 +56,7 @@ def plan(queue: Iterable[Queued], endpoints: Iterable[str]) -> Sets:
         requests = sets.get(queued.endpoint)
         if requests is None or len(requests) == MAX_EXPECTED or room[queued.endpoint] < 0:
             continue
-        usable = queued.prompt.blocks[: queued.prompt.usable_blocks]
-        keys = [k.hex() for k in usable if isinstance(k, bytes)]
+        keys = keys_of(queued)
         room[queued.endpoint] -= len(keys)
         if room[queued.endpoint] >= 0:
             requests[queued.request] = keys
@@ -81,6 +88,8 @@ class Announcer:
     gate: Gate
     name: str = field(default_factory=router_name)
     sent: dict[str, tuple[dict[str, list[str]], float]] = field(default_factory=dict)
+    # Each waiting request's keys, converted once: a tick sees the whole queue every 0.25 s.
+    _keys: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def announced(self) -> int:
@@ -89,15 +98,27 @@ class Announcer:
 
     async def run(self) -> None:
         while True:
-            await self.tick(time.monotonic())
+            try:
+                await self.tick(time.monotonic())
+            except Exception:  # a hint: never let it stop the look-ahead for good
+                log.exception("look-ahead: tick failed")
             await asyncio.sleep(ANNOUNCE_EVERY_S)
 
     async def tick(self, now: float) -> None:
         targets = {n: e.address.expect for n, e in self.fleet.endpoints.items() if e.address.expect}
         for gone in set(self.sent) - set(targets):
             del self.sent[gone]
-        sets = plan(self.gate.queue(), targets)
+        queue = self.gate.queue()
+        waiting = {q.request for q in queue}
+        self._keys = {r: keys for r, keys in self._keys.items() if r in waiting}
+        sets = plan(queue, targets, self._keys_of)
         await asyncio.gather(*(self._send(n, targets[n], sets[n], now) for n in due(sets, self.sent, now)))
+
+    def _keys_of(self, queued: Queued) -> list[str]:
+        keys = self._keys.get(queued.request)
+        if keys is None:
+            keys = self._keys[queued.request] = hex_keys(queued)
+        return keys
 
     async def _send(self, endpoint: str, url: str, requests: dict[str, list[str]], now: float) -> None:
         body = {"from": self.name, "requests": requests}
