@@ -20,14 +20,14 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from strata.router.fleet import Fleet
 from strata.router.gate import Gate, Queued
-from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS
+from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS, nearest_within
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 0.25
@@ -50,17 +50,25 @@ def plan(
     expected there, nearest first, within what a sidecar takes from its routers (``MAX_EXPECTED``
     requests, ``MAX_EXPECTED_BLOCKS`` blocks: the farther ones would not be announced anyway, and
     a queue of long prompts would otherwise make a body of tens of MB)."""
-    sets: Sets = {name: {} for name in endpoints}
-    room = dict.fromkeys(sets, MAX_EXPECTED_BLOCKS)
+    waiting: dict[str, list[Queued]] = {name: [] for name in endpoints}
     for queued in queue:
-        requests = sets.get(queued.endpoint)
-        if requests is None or len(requests) == MAX_EXPECTED or room[queued.endpoint] < 0:
-            continue
-        keys = keys_of(queued)
-        room[queued.endpoint] -= len(keys)
-        if room[queued.endpoint] >= 0:
-            requests[queued.request] = keys
-    return sets
+        if queued.endpoint in waiting:
+            waiting[queued.endpoint].append(queued)
+    return {name: _nearest(queued, keys_of) for name, queued in waiting.items()}
+
+
+def _nearest(queued: list[Queued], keys_of: Callable[[Queued], list[str]]) -> dict[str, list[str]]:
+    """The nearest of one endpoint's requests that its sidecar takes (``nearest_within``), keys
+    taken only as far as it looks."""
+    keys: list[list[str]] = []
+
+    def sizes() -> Iterator[int]:
+        for request in queued:
+            keys.append(keys_of(request))
+            yield len(keys[-1])
+
+    taken = nearest_within(sizes(), MAX_EXPECTED_BLOCKS, MAX_EXPECTED)
+    return {request.request: k for request, k in zip(queued[:taken], keys, strict=False)}
 
 
 def due(sets: Sets, sent: Mapping[str, tuple[dict[str, list[str]], float]], now: float) -> list[str]:

@@ -90,7 +90,7 @@ class Fleet:
         return [e for e in self.endpoints.values() if e.routable(now)]
 
     def free(self, now: float) -> list[Endpoint]:
-        return [e for e in self.endpoints.values() if e.routable(now) and e.inflight < self.max_inflight]
+        return [e for e in self.routable(now) if e.inflight < self.max_inflight]
 
     def candidates(self, now: float) -> list[Candidate]:
         return [e.candidate(now) for e in self.free(now)]

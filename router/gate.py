@@ -84,7 +84,6 @@ class Gate:
         self._order = itertools.count()
         self._rr = itertools.count()
         self.completions = DecayedTokens(RATE_WINDOW_S)
-        self.changes = 0  # bumped whenever the queue changes: the look-ahead resends
 
     def queue(self) -> list[Queued]:
         """The requests waiting for a slot (not those held at zero), nearest first, each with
@@ -145,7 +144,6 @@ class Gate:
                 return
             heapq.heappop(self._waiting)
             waiter.future.set_result(route)
-            self.changes += 1
 
     # ---- decisions ----
 
@@ -180,7 +178,6 @@ class Gate:
         waiter = _Waiter((-priority, next(self._order)), prompt, now, held, loop.create_future())
         waiter.expected_at = None if held else self._expected_at(prompt, now)
         heapq.heappush(self._waiting, waiter)
-        self.changes += 1
         return waiter
 
     def _expected_at(self, prompt: Prompt, now: float) -> str | None:
@@ -223,4 +220,3 @@ class Gate:
         if waiter in self._waiting:
             self._waiting.remove(waiter)
             heapq.heapify(self._waiting)
-            self.changes += 1

@@ -16,13 +16,14 @@ engine's), the nearest requests first.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS
+from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS, nearest_within
 from strata.worker.kvtier.service import KVTierService, Owner
 
 MAX_ANNOUNCERS = 8  # routers of one service: 2 by default; more only while they roll
@@ -57,13 +58,8 @@ def _keys(request: str, keys: object) -> list[bytes]:
 def within(requests: Announced, room: int) -> Announced:
     """The nearest requests whose blocks fit in ``room``, ``MAX_EXPECTED`` at most (the rest are
     not announced)."""
-    kept: Announced = {}
-    for request, keys in requests.items():
-        if len(keys) > room or len(kept) == MAX_EXPECTED:
-            break
-        kept[request] = keys
-        room -= len(keys)
-    return kept
+    taken = nearest_within((len(keys) for keys in requests.values()), room, MAX_EXPECTED)
+    return dict(itertools.islice(requests.items(), taken))
 
 
 @dataclass

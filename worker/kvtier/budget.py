@@ -20,6 +20,7 @@ full tmpfs is a SIGBUS in whoever touches it, and Docker's default ``/dev/shm`` 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -81,6 +82,19 @@ class Fit:
             "asked": asdict(self.asked),
             "fitted": asdict(self.fitted),
         }
+
+
+def nearest_within(sizes: Iterable[int], room: int, most: int) -> int:
+    """How many of the nearest announced requests (their block counts, nearest first) a
+    look-ahead takes: while their blocks fit in ``room``, ``most`` at most; the first that does
+    not fit ends it (the sidecar's for its routers, and each router's for what it sends)."""
+    taken = 0
+    for size in sizes:
+        if size > room or taken == most:
+            break
+        room -= size
+        taken += 1
+    return taken
 
 
 def staging_slots_for(slot_bytes: int) -> int:
