@@ -133,6 +133,24 @@ def cache_charts() -> list[Chart]:
             ),
         ),
         Chart(
+            "Look-ahead",
+            "Queued requests whose blocks the sidecars keep and move up to DRAM before they are "
+            "scheduled, from the engines' own queues and from the routers' (docs/kvtier.md); and "
+            "those not announced, past the look-ahead's bound on blocks, per second.",
+            "none",
+            (
+                Query(
+                    f"sum by (namespace, service, source) (strata_kvtier_lookahead_requests{SERVICE_FILTER})",
+                    "{{namespace}}/{{service}} {{source}}",
+                ),
+                Query(
+                    "sum by (namespace, service, source) "
+                    f"(rate(strata_kvtier_lookahead_refused_total{SERVICE_FILTER}[5m]))",
+                    "{{namespace}}/{{service}} {{source}} refused/s",
+                ),
+            ),
+        ),
+        Chart(
             "Tier bandwidth",
             "Bytes read from and written to each KV-cache tier by the sidecars.",
             "Bps",

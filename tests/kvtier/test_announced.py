@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from strata.worker.kvtier import announced
 from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, MAX_ANNOUNCERS, Announcers, parse, within
 from strata.worker.kvtier.budget import MAX_EXPECTED
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
 from strata.worker.kvtier.protocol import EXPECT_PATH
-from strata.worker.kvtier.service import KVTierService
+from strata.worker.kvtier.service import KVTierService, Owner
 
 from .conftest import kvtier_config
 
@@ -88,6 +89,35 @@ def test_all_routers_together_stay_within_the_lookahead(service, monkeypatch):
     for n in range(MAX_ANNOUNCERS + 1):  # the least recently heard router goes first
         routers.replace(f"router-{n}", {})
     assert expected(service, 1, 3) == [False, False]
+
+
+def test_the_metrics_count_each_sources_lookahead(service, monkeypatch):
+    monkeypatch.setattr(announced, "MAX_EXPECTED_BLOCKS", 5)
+    routers, engine = Announcers(service), Owner()
+    service.expect(engine, "e1", [key(1), key(2)])
+    routers.replace("router-a", {"r1": [key(3)], "r2": [key(4), key(5), key(6), key(7), key(8)]})
+    assert lookahead(service) == {
+        ("requests", "engine"): 1,
+        ("blocks", "engine"): 2,
+        ("refused", "engine"): 0,
+        ("requests", "routers"): 1,
+        ("blocks", "routers"): 1,
+        ("refused", "routers"): 1,
+    }
+    routers.replace("router-a", {})
+    service.unexpect(engine, ["e1"])
+    assert lookahead(service)[("requests", "engine")] == 0 == lookahead(service)[("blocks", "routers")]
+
+
+def lookahead(service: KVTierService) -> dict[tuple[str, str], float]:
+    """The look-ahead's series in the sidecar's /metrics, as Prometheus reads them."""
+    found = {}
+    for family in text_string_to_metric_families(service.metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name.startswith("strata_kvtier_lookahead_") and not sample.name.endswith("_created"):
+                what = sample.name.removeprefix("strata_kvtier_lookahead_").removesuffix("_total")
+                found[(what, sample.labels["source"])] = sample.value
+    return found
 
 
 def test_the_nearest_requests_are_kept():

@@ -64,7 +64,7 @@ def within(requests: Announced, room: int) -> Announced:
 
 @dataclass
 class _Router:
-    owner: Owner = field(default_factory=Owner)
+    owner: Owner = field(default_factory=lambda: Owner(source="routers"))
     seen: float = 0.0
 
 
@@ -87,6 +87,7 @@ class Announcers:
             others = sum(r.owner.expected_blocks for n, r in self._routers.items() if n != name)
             kept = within(requests, MAX_EXPECTED_BLOCKS - others)
             self.refused += len(requests) - len(kept)
+            self.service.metrics.lookahead_refused.labels("routers").inc(len(requests) - len(kept))
             self._apply(router.owner, kept)
             while len(self._routers) > MAX_ANNOUNCERS:
                 self._forget(next(iter(self._routers)))

@@ -25,11 +25,13 @@ from strata.worker.kvtier import protocol
 from strata.worker.kvtier.janitor import Sweep
 
 _PREFIX = "strata_kvtier_"
+LOOKAHEAD_SOURCES = ("engine", "routers")  # the worker's own queue, and the routers' (POST /kv/expect)
 _LATENCY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 
 
 class TierMetrics:
-    """All series carry a ``tier`` label: dram, nvme or shared."""
+    """The tiers' series carry a ``tier`` label (dram, nvme or shared); the look-ahead's a
+    ``source`` label: ``engine`` (the worker's own queue) or ``routers`` (``POST /kv/expect``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -77,6 +79,7 @@ class TierMetrics:
             "Files the shared volume's janitor removed: least recently used blocks above the "
             "volume's size, and temporary files their writers left.",
         )
+        self._lookahead(r)
         self.read_seconds = Histogram(
             _PREFIX + "read_seconds",
             "Latency of a batch read.",
@@ -91,6 +94,21 @@ class TierMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _lookahead(self, r: CollectorRegistry) -> None:
+        """The look-ahead's series, by ``source``; both sources' exist from the start, at 0."""
+        doc = {
+            "requests": "Queued requests whose blocks the sidecar keeps and moves up to DRAM (look-ahead).",
+            "blocks": "Blocks the look-ahead's requests will ask for.",
+            "refused": "Queued requests not announced: past the look-ahead's bound on blocks.",
+        }
+        name = {what: f"{_PREFIX}lookahead_{what}" for what in doc}
+        self.lookahead_requests = Gauge(name["requests"], doc["requests"], ["source"], registry=r)
+        self.lookahead_blocks = Gauge(name["blocks"], doc["blocks"], ["source"], registry=r)
+        self.lookahead_refused = Counter(name["refused"], doc["refused"], ["source"], registry=r)
+        for source in LOOKAHEAD_SOURCES:
+            for family in (self.lookahead_requests, self.lookahead_blocks, self.lookahead_refused):
+                family.labels(source)
 
     def swept(self, sweep: Sweep) -> None:
         """The shared volume's janitor swept it."""

@@ -71,6 +71,7 @@ class Owner:
     """What one client connection holds: leased slots (being read) and reserved slots (being
     written). Released when the connection ends, whatever state the client died in."""
 
+    source: str = "engine"  # whose queue its look-ahead comes from: the engine's, or the routers'
     leases: list[int] = field(default_factory=list)
     reserved: set[int] = field(default_factory=set)
     expected: OrderedDict[str, list[bytes]] = field(default_factory=OrderedDict)  # queued requests
@@ -644,9 +645,11 @@ class KVTierService:
             self._forget_expected(owner, [request])
             if owner.expected_blocks + len(keys) > MAX_EXPECTED_BLOCKS:
                 self._expect_refused += 1
+                self.metrics.lookahead_refused.labels(owner.source).inc()
                 return
             owner.expected[request] = list(keys)
             owner.expected_blocks += len(keys)
+            self._count_expected(owner.source, 1, len(keys))
             for index in self._indexes():
                 index.expect(keys)
             while len(owner.expected) > MAX_EXPECTED:
@@ -663,8 +666,13 @@ class KVTierService:
             keys = owner.expected.pop(request, None)
             if keys is not None:
                 owner.expected_blocks -= len(keys)
+                self._count_expected(owner.source, -1, -len(keys))
                 for index in self._indexes():
                     index.unexpect(keys)
+
+    def _count_expected(self, source: str, requests: int, blocks: int) -> None:
+        self.metrics.lookahead_requests.labels(source).inc(requests)
+        self.metrics.lookahead_blocks.labels(source).inc(blocks)
 
     def _indexes(self) -> list[TierIndex]:
         return [tier.index for tier in (self.dram, self.nvme) if tier is not None]
