@@ -206,7 +206,7 @@ class ModelSpec(ApiModel):
         "every block its tiers hold, and the routers' for following every replica's blocks. Unset: "
         "the sidecar is sized for blocks of 1 MiB or more, and with smaller blocks indexes less of "
         "its shared and NVMe tiers (alert StrataKVTierFittedToMemory); the routers get the chart's "
-        "memory. The worker logs its model's own figure at its start (event kv_bytes_per_token).",
+        "memory. The workers report their model's own figure (status.model.kvBytesPerToken).",
     )
 
 
@@ -448,6 +448,20 @@ class ScalingDecision(StatusModel):
     reason: str = Field("", max_length=1024, description="Why, e.g. `kvCacheUsage 0.91 > target 0.75`.")
 
 
+class ObservedModel(StatusModel):
+    """What the workers report of the model they serve."""
+
+    kv_bytes_per_token: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_KV_BYTES_PER_TOKEN,
+        description="KV-cache bytes one token takes in the workers' model (bytes), as their engines "
+        "sized their KV caches: the figure spec.model.kvBytesPerToken should give (an Event "
+        "KVBytesPerTokenUnset or KVBytesPerTokenDiffers says so when it does not).",
+    )
+    observed_at: datetime | None = Field(None, description="When it was first reported (RFC 3339).")
+
+
 class InferenceServiceStatus(StatusModel):
     observed_generation: int | None = Field(None, ge=0, description="metadata.generation last reconciled.")
     conditions: list[Condition] = Field(
@@ -475,6 +489,7 @@ class InferenceServiceStatus(StatusModel):
     bottleneck: Bottleneck | None = Field(
         None, description="What limits the service now (docs/operator.md, Bottleneck diagnosis)."
     )
+    model: ObservedModel | None = Field(None, description="What the workers report of their model.")
 
 
 class InferenceService(ApiModel):

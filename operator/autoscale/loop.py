@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from strata.operator import names
-from strata.operator.autoscale import wake
+from strata.operator.autoscale import modelsize, wake
 from strata.operator.autoscale.backoff import REPORT_AFTER, ScrapeBackoff
 from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
 from strata.operator.autoscale.cost import (
@@ -87,6 +87,9 @@ class Autoscaler:
     scrapes: dict[str, Scrape] = field(default_factory=dict)
     histories: dict[str, History] = field(default_factory=dict)
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> signals last written
+    models: dict[str, tuple[int | None, int]] = field(
+        default_factory=dict
+    )  # uid -> (spec's, workers') KV size
     # uid -> (resourceVersion the service had, replicas set): the watch cache may lag our own patch
     patched: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     # uid -> (spec versions, sizes): resolving a service every interval was a tenth of the
@@ -119,6 +122,7 @@ class Autoscaler:
             self.scrapes.clear()  # a standby's memory would be stale when it takes over
             self.histories.clear()
             self.written.clear()
+            self.models.clear()
             self.patched.clear()
             self.sizes.clear()
             self.backoff = ScrapeBackoff()
@@ -132,6 +136,7 @@ class Autoscaler:
             self.scrapes.pop(gone, None)
             self.histories.pop(gone, None)
             self.written.pop(gone, None)
+            self.models.pop(gone, None)
             self.patched.pop(gone, None)
             self.sizes.pop(gone, None)
         self.telemetry.forget({key for key, uid in zip(keys, seen, strict=True) if uid})
@@ -153,6 +158,7 @@ class Autoscaler:
             if await wake.wake(self, isvc, uid):  # at zero, with requests held at its routers
                 return uid
             samples = await self._scrape_pods(namespace, name)
+            await self._report_model(isvc, uid, samples)
             tier = self.views.tier(_tier_name(isvc))
             now = self.clock()
             current = Scrape(now, samples)
@@ -258,6 +264,25 @@ class Autoscaler:
             return
         await self._patch_status(isvc, new)
         self.written[uid] = new
+
+    async def _report_model(
+        self, isvc: Mapping[str, Any], uid: str, samples: Mapping[str, PodSample]
+    ) -> None:
+        """status.model, and an Event, when the workers' KV size is new or the spec's changed."""
+        seen = modelsize.reported(samples.values())
+        told = ((isvc.get("spec") or {}).get("model") or {}).get("kvBytesPerToken")
+        last = self.models.get(uid)
+        if seen is None or last == (told, seen):
+            return
+        # what we wrote last (the watch cache may lag it), else what a predecessor wrote
+        before = {"kvBytesPerToken": last[1]} if last else (isvc.get("status") or {}).get("model")
+        status = modelsize.model_status(before, seen, _rfc3339(datetime.now(UTC)))
+        if status is not None:
+            await self._patch_status(isvc, {"model": status})
+        hint = modelsize.advice(told, seen)
+        if hint is not None:
+            self.events(isvc, hint.type, hint.reason, hint.message)
+        self.models[uid] = (told, seen)
 
     def _observe_replicas(self, isvc: Mapping[str, Any]) -> None:
         status = isvc.get("status") or {}

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.operator.api.models import MAX_KV_BYTES_PER_TOKEN
+
 P = "strata_worker_"
 KV_USAGE = P + "kv_cache_usage_ratio"
 QUEUE = P + "queue_length"
@@ -19,6 +21,7 @@ TTFT_COUNT = P + "time_to_first_token_seconds_count"
 PREFIX_HITS = P + "prefix_hit_tokens_total"
 PROMPT_TOKENS = P + "prompt_tokens_total"
 CACHED_BLOCKS = P + "kv_cached_blocks"
+KV_BYTES_PER_TOKEN = P + "kv_bytes_per_token"  # the model's, as the engine sized its KV cache
 TIER_BLOCKS = "strata_kvtier_blocks"  # the KV-tier sidecar's, on its own metrics port
 # Where step time goes (the bottleneck verdict): plain counters, summed over their labels.
 ENGINE_COUNTERS = {
@@ -47,6 +50,7 @@ class PodSample:
     prompt_tokens: float = 0.0
     kv_cached_blocks: float | None = None  # HBM blocks holding a reusable prefix
     engine: Mapping[str, float] = field(default_factory=dict)  # ENGINE_COUNTERS values, by field
+    kv_bytes_per_token: int | None = None  # None: a worker from before the gauge
 
 
 def parse_exposition(text: str) -> PodSample:
@@ -61,6 +65,7 @@ def parse_exposition(text: str) -> PodSample:
     hits: dict[str, float] = {}
     prompt = 0.0
     cached: float | None = None
+    per_token: int | None = None
     engine: dict[str, float] = {}
     for family in families:
         for sample in family.samples:
@@ -85,6 +90,8 @@ def parse_exposition(text: str) -> PodSample:
                 prompt = value
             elif name == CACHED_BLOCKS:
                 cached = value
+            elif name == KV_BYTES_PER_TOKEN and 1 <= value <= MAX_KV_BYTES_PER_TOKEN:  # NaN fails too
+                per_token = int(value)
     if kv is None and not buckets:
         raise MetricsError(f"neither {KV_USAGE} nor {TTFT_BUCKET} in the exposition: not a Strata worker")
     if buckets and math.inf not in buckets:
@@ -98,6 +105,7 @@ def parse_exposition(text: str) -> PodSample:
         prompt_tokens=prompt,
         kv_cached_blocks=cached,
         engine=engine,
+        kv_bytes_per_token=per_token,
     )
 
 

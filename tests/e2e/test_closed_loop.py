@@ -173,6 +173,7 @@ def test_load_scales_up_then_down_coldest_first_and_a_loose_tier_neither_until_i
         ready_service(cluster, namespace, "loose"),
     )
     (first,) = worker_pods(cluster, namespace, "fast")
+    _kv_size_reported(cluster, namespace, first)
     # Measured on loose, whose targets a closed loop does not exceed: measured on fast, the
     # measurement itself would scale it. The two replicas are alike: the same load for both.
     requests = sized_load(loose_url)
@@ -201,6 +202,20 @@ def test_load_scales_up_then_down_coldest_first_and_a_loose_tier_neither_until_i
         first["metadata"]["name"]
     ]
     _back_from_zero(cluster, namespace, loose_url)
+
+
+def _kv_size_reported(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> None:
+    """The worker's KV size per token reaches status.model, and an Event tells the owner that
+    the spec (which gives none) should."""
+    sample = pod_sample(pod)
+    assert sample is not None and sample.kv_bytes_per_token, "the worker reports its model's KV size"
+
+    def reported() -> int | None:
+        model = (get(cluster, "inferenceservice", "fast", namespace).get("status") or {}).get("model") or {}
+        told = any(e["reason"] == "KVBytesPerTokenUnset" for e in events(cluster, namespace, "fast"))
+        return model.get("kvBytesPerToken") if told else None
+
+    assert wait_for(reported, SETTLE_S, what="status.model and its Event") == sample.kv_bytes_per_token
 
 
 def _new_pod_serving(cluster: Cluster, namespace: str, first: str) -> str:

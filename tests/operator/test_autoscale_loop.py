@@ -86,7 +86,7 @@ class FakeKube(KubeClient):
 
 
 @asynccontextmanager
-async def metrics_server(kv: float = 0.95) -> AsyncIterator[str]:
+async def metrics_server(kv: float = 0.95, extra: str = "") -> AsyncIterator[str]:
     """A worker's /metrics whose counters grow on every scrape, on port 8000 of a loopback address
     of its own (the pod's IP; the autoscaler scrapes pod IPs), in the test's own event loop."""
     scrapes = {"n": 0}
@@ -94,7 +94,7 @@ async def metrics_server(kv: float = 0.95) -> AsyncIterator[str]:
     async def metrics(_: web.Request) -> web.Response:
         scrapes["n"] += 1
         n = scrapes["n"]
-        return web.Response(text=EXPOSITION.format(kv=kv, count=10 * n, prompt=100 * n, hits=40 * n))
+        return web.Response(text=EXPOSITION.format(kv=kv, count=10 * n, prompt=100 * n, hits=40 * n) + extra)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -149,6 +149,23 @@ async def test_mode_off_reports_signals_once_while_they_hold_and_never_scales() 
         # Every interval after priming sees the same rates: one write, then nothing moved.
         assert [what for what, _ in kube.patches] == ["status"]
         assert "signals" in kube.patches[0][1]["status"]
+
+
+async def test_the_workers_kv_size_reaches_status_once_and_the_owner_is_told() -> None:
+    async with metrics_server(extra="strata_worker_kv_bytes_per_token 12288\n") as address:
+        kube = FakeKube("off")
+        scaler = autoscaler(kube, address)
+        for _ in range(3):
+            await scaler.tick()
+        kube.isvc["spec"]["model"] = {"kvBytesPerToken": 12288}  # the owner set it
+        await scaler.tick()
+        kube.isvc["spec"]["model"] = {"kvBytesPerToken": 57344}  # and later set it wrong
+        await scaler.tick()
+        await scaler.close()
+    models = [body["status"]["model"] for what, body in kube.patches if "model" in body["status"]]
+    assert [m["kvBytesPerToken"] for m in models] == [12288]  # from the first scrape, written once
+    assert isinstance(scaler.events, RecordedEvents)
+    assert scaler.events.reasons() == ["KVBytesPerTokenUnset", "KVBytesPerTokenDiffers"]
 
 
 async def test_an_unreachable_worker_writes_nothing_and_leaves_replicas_alone() -> None:

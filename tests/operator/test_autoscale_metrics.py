@@ -16,7 +16,9 @@ from strata.worker.server.metrics import LATENCY_BUCKETS, WorkerMetrics
 def worker_exposition(usage: float, ttfts: list[float], hits: dict[Tier, int], prompt: int) -> str:
     stats = EngineStats(prompt_tokens=prompt)
     stats.hit_tokens.update(hits)
-    engine = SimpleNamespace(blocks=SimpleNamespace(usage=usage, num_cached_blocks=7), stats=stats)
+    engine = SimpleNamespace(
+        blocks=SimpleNamespace(usage=usage, num_cached_blocks=7), stats=stats, kv_bytes_per_token=12288
+    )
     metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=3, num_running=2), "m")  # type: ignore[arg-type]
     for seconds in ttfts:
         metrics.ttft.observe(seconds)
@@ -30,6 +32,7 @@ def test_parses_the_workers_own_exposition():
     assert sample.requests_waiting == 3
     assert sample.prompt_tokens == 200
     assert sample.kv_cached_blocks == 7
+    assert sample.kv_bytes_per_token == 12288
     assert sample.prefix_hit_tokens == {"hbm": 40, "dram": 10, "nvme": 0, "shared": 0}
     assert sample.ttft_count == 4
     bounds = [b for b, _ in sample.ttft_buckets]
@@ -55,6 +58,13 @@ def test_hand_written_lines_parse_too():
     )
     sample = parse_exposition(text)
     assert sample.kv_usage == 0.5 and sample.ttft_buckets == ((0.1, 1.0), (math.inf, 2.0))
+    assert sample.kv_bytes_per_token is None  # a worker from before the gauge
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "NaN", "+Inf", str(2**40)])
+def test_a_kv_size_no_model_has_is_ignored(value):
+    text = f"strata_worker_kv_cache_usage_ratio 0.5\nstrata_worker_kv_bytes_per_token {value}\n"
+    assert parse_exposition(text).kv_bytes_per_token is None
 
 
 @pytest.mark.parametrize(
@@ -76,7 +86,9 @@ def test_engine_counters_and_the_slo_counter_come_from_the_worker() -> None:
         prompt_tokens=10, preemptions=2, hbm_evictions=7, busy_seconds=4.5, prefill_busy_seconds=2.5
     )
     stats.tier_wait_seconds.update({"load": 1.0, "save": 0.5})
-    engine = SimpleNamespace(blocks=SimpleNamespace(usage=0.1, num_cached_blocks=0), stats=stats)
+    engine = SimpleNamespace(
+        blocks=SimpleNamespace(usage=0.1, num_cached_blocks=0), stats=stats, kv_bytes_per_token=4096
+    )
     metrics = WorkerMetrics(SimpleNamespace(engine=engine, num_waiting=0, num_running=0), "m", 0.3)  # type: ignore[arg-type]
     for seconds in (0.1, 0.3, 0.31, 2.0):
         metrics.first_token(seconds)

@@ -31,6 +31,7 @@ DECISIONS = (
     "autoscale.bottleneck",
     "autoscale.cost",
     "autoscale.backoff",
+    "autoscale.modelsize",
 )
 # Third-party packages that do I/O (or, for torch, belong to the worker).
 EFFECTFUL = {"kopf", "kubernetes", "aiohttp", "httpx", "torch"}

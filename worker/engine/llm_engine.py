@@ -114,7 +114,8 @@ class LLMEngine:
         device = weights.device
         self.max_context = min(config.model.max_context_tokens, model.config.max_position_embeddings)
         per_block = block_bytes(model, cfg.block_size, weights.dtype)
-        warn_if_told_otherwise(config.model.kv_bytes_per_token, per_block // cfg.block_size)
+        self.kv_bytes_per_token = per_block // cfg.block_size  # all layers, K and V, in HBM
+        warn_if_told_otherwise(config.model.kv_bytes_per_token, self.kv_bytes_per_token)
         num_blocks = num_kv_blocks(cfg, device, per_block)
         self.runner = ModelRunner(model, num_blocks, cfg.block_size)
         self.blocks = BlockManager(num_blocks, cfg.block_size)

@@ -44,6 +44,12 @@ class EngineCollector(Collector):
             "HBM blocks holding a reusable prefix (what the pod's HBM cache is worth keeping).",
             engine.blocks.num_cached_blocks,
         )
+        yield GaugeMetricFamily(
+            P + "kv_bytes_per_token",
+            "Bytes one token's KV takes in this model (every layer, K and V): what "
+            "spec.model.kvBytesPerToken should say. The operator reports it in status.model.",
+            engine.kv_bytes_per_token,
+        )
         hits = CounterMetricFamily(
             P + "prefix_hit_tokens", "Prompt tokens served from cache.", labels=["tier"]
         )
