@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import routing_real, routing_sim
+from bench import routing_lookahead, routing_real, routing_sim
 from strata.router import weights
 from strata.router.choose import Policy
 from strata.worker.kvtier.shared import FilesystemBlockStore
@@ -128,6 +128,7 @@ def tier_weights() -> dict[str, Any]:
 def run() -> dict[str, Any]:
     policy = Policy()
     result: dict[str, Any] = {"sim": sim(policy), "weights": tier_weights(), "real": routing_real.run()}
+    result["lookahead"] = routing_lookahead.run()
     result["balance_weight_sweep"] = {
         f"{SWEEP_TRACE} {SWEEP_FLEET[0]}x{SWEEP_FLEET[1]}": balance_sweep(policy)
     }
@@ -154,5 +155,11 @@ def summary(result: dict[str, Any]) -> str:
         f"real: cached tokens strata {s['cached_tokens']} vs round-robin {rr['cached_tokens']} "
         f"({s['cached_tokens'] / max(1, rr['cached_tokens']):.2f}x), TTFT p50/p90 {s['ttft_p50_s']}/"
         f"{s['ttft_p90_s']} s vs {rr['ttft_p50_s']}/{rr['ttft_p90_s']} s"
+    )
+    long = result["lookahead"]["512_blocks"]
+    parts.append(
+        f"look-ahead, 1,024 queued 8k-token prompts: router {long['change']['router_ms_per_tick']} ms a tick "
+        f"sending changes vs {long['whole']['router_ms_per_tick']} ms whole sets, "
+        f"{long['whole_over_change']['bytes']}x fewer bytes"
     )
     return "; ".join(parts)

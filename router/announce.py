@@ -6,11 +6,14 @@ Why: the router lets each replica run at most as many requests as its engine bat
 load the engine's own queue is short and the requests that come next wait here. Each waiting
 request is expected at the endpoint its ranking put first when it queued (``Gate.queue``).
 
-Each message is the whole set for that replica, sent when it changed (at most every
-``ANNOUNCE_EVERY_S``) and again every ``RESEND_S`` while not empty, so the sidecar, which forgets
-a silent router's set after 30 s, keeps it exactly as long as the requests wait. A failed
-send is retried when the set changes or at the next resend; the look-ahead is a hint, and
-requests never wait for it.
+A replica's set is sent when it changed (at most every ``ANNOUNCE_EVERY_S``) and again every
+``RESEND_S`` while not empty, so the sidecar, which forgets a silent router's set after 30 s,
+keeps it exactly as long as the requests wait. The first message is the whole set; once the
+sidecar has acknowledged a set, the next message is the change to it (``message``): the
+requests new since, and the order of the whole set. A sidecar that does not hold that set any
+more (restarted) answers 409 and gets the whole set at once; after any other failure the next
+message is the whole set. A failed send is retried when the set changes or at the next resend;
+the look-ahead is a hint, and requests never wait for it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
 
 import aiohttp
 
@@ -34,7 +39,17 @@ ANNOUNCE_EVERY_S = 0.25
 RESEND_S = 10.0  # well within the sidecar's ANNOUNCED_TTL_S
 POST_TIMEOUT_S = 5.0
 
-Sets = dict[str, dict[str, list[str]]]  # endpoint -> request id -> hex block keys
+Requests = dict[str, list[str]]  # request id -> hex block keys, nearest request first
+Sets = dict[str, Requests]  # by endpoint
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The set last sent to an endpoint."""
+
+    requests: Requests
+    at: float
+    seq: int | None  # the sidecar acknowledged it as this; None: it may not hold it
 
 
 def hex_keys(queued: Queued) -> list[str]:
@@ -57,7 +72,7 @@ def plan(
     return {name: _nearest(queued, keys_of) for name, queued in waiting.items()}
 
 
-def _nearest(queued: list[Queued], keys_of: Callable[[Queued], list[str]]) -> dict[str, list[str]]:
+def _nearest(queued: list[Queued], keys_of: Callable[[Queued], list[str]]) -> Requests:
     """The nearest of one endpoint's requests that its sidecar takes (``nearest_within``), keys
     taken only as far as it looks."""
     keys: list[list[str]] = []
@@ -71,17 +86,27 @@ def _nearest(queued: list[Queued], keys_of: Callable[[Queued], list[str]]) -> di
     return {request.request: k for request, k in zip(queued[:taken], keys, strict=False)}
 
 
-def due(sets: Sets, sent: Mapping[str, tuple[dict[str, list[str]], float]], now: float) -> list[str]:
+def due(sets: Sets, sent: Mapping[str, Sent], now: float) -> list[str]:
     """The endpoints to send to now: their set changed since it was last sent (an empty set to
     an endpoint never sent anything has not), or it is not empty and was sent ``RESEND_S`` ago."""
 
-    def is_due(name: str, requests: dict[str, list[str]]) -> bool:
+    def is_due(name: str, requests: Requests) -> bool:
         last = sent.get(name)
         if last is None:
             return bool(requests)
-        return last[0] != requests or (bool(requests) and now - last[1] >= RESEND_S)
+        return last.requests != requests or (bool(requests) and now - last.at >= RESEND_S)
 
     return [name for name, requests in sets.items() if is_due(name, requests)]
+
+
+def message(name: str, last: Sent | None, requests: Requests, seq: int) -> dict[str, Any]:
+    """The body that makes ``requests`` the sidecar's set ``seq``: the change from ``last``
+    where the sidecar acknowledged it, else the whole set."""
+    if last is None or last.seq is None:
+        return {"from": name, "seq": seq, "requests": requests}
+    before = last.requests
+    added = {rid: keys for rid, keys in requests.items() if rid not in before or before[rid] != keys}
+    return {"from": name, "seq": seq, "base": last.seq, "add": added, "order": list(requests)}
 
 
 def router_name() -> str:
@@ -95,14 +120,15 @@ class Announcer:
     fleet: Fleet
     gate: Gate
     name: str = field(default_factory=router_name)
-    sent: dict[str, tuple[dict[str, list[str]], float]] = field(default_factory=dict)
+    sent: dict[str, Sent] = field(default_factory=dict)
     # Each waiting request's keys, converted once: a tick sees the whole queue every 0.25 s.
     _keys: dict[str, list[str]] = field(default_factory=dict)
+    _seq: int = 0  # the last set's number, over all endpoints
 
     @property
     def announced(self) -> int:
         """Requests in the sets last sent (``strata_router_lookahead_requests``)."""
-        return sum(len(requests) for requests, _ in self.sent.values())
+        return sum(len(last.requests) for last in self.sent.values())
 
     async def run(self) -> None:
         while True:
@@ -128,16 +154,27 @@ class Announcer:
             keys = self._keys[queued.request] = hex_keys(queued)
         return keys
 
-    async def _send(self, endpoint: str, url: str, requests: dict[str, list[str]], now: float) -> None:
-        body = {"from": self.name, "requests": requests}
+    async def _send(self, endpoint: str, url: str, requests: Requests, now: float) -> None:
+        """Recorded whatever the answer: a failed set is sent again (whole) when it changes or
+        at the next resend, not at every tick (a sidecar before its engine's hello answers 503)."""
+        self._seq += 1
+        status = await self._post(
+            endpoint, url, message(self.name, self.sent.get(endpoint), requests, self._seq)
+        )
+        if status == HTTPStatus.CONFLICT:  # the sidecar lost the set we changed: the whole set, now
+            self._seq += 1
+            status = await self._post(endpoint, url, message(self.name, None, requests, self._seq))
+        self.sent[endpoint] = Sent(requests, now, self._seq if status == HTTPStatus.OK else None)
+
+    async def _post(self, endpoint: str, url: str, body: dict[str, Any]) -> int | None:
+        """The answer's status; None where none came."""
         timeout = aiohttp.ClientTimeout(total=POST_TIMEOUT_S)
-        # Recorded whatever the answer: a failed set is sent again when it changes or at the
-        # next resend, not at every tick (a sidecar before its engine's hello answers 503).
-        self.sent[endpoint] = (requests, now)
         try:
             async with self.session.post(url, json=body, timeout=timeout) as resp:
-                if resp.status != 200:
+                if resp.status != HTTPStatus.OK:
                     why = await resp.text()
                     log.debug("look-ahead to %s refused: HTTP %d %s", endpoint, resp.status, why)
+                return resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.debug("look-ahead to %s not sent: %s", endpoint, exc or type(exc).__name__)
+            return None

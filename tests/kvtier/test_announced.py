@@ -19,7 +19,7 @@ from strata.worker.kvtier import announced
 from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, MAX_ANNOUNCERS, Announcers, parse, within
 from strata.worker.kvtier.budget import MAX_EXPECTED
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
-from strata.worker.kvtier.protocol import EXPECT_PATH
+from strata.worker.kvtier.protocol import EXPECT_PATH, ExpectConflict
 from strata.worker.kvtier.service import KVTierService, Owner
 
 from .conftest import kvtier_config
@@ -91,6 +91,24 @@ def test_all_routers_together_stay_within_the_lookahead(service, monkeypatch):
     assert expected(service, 1, 3) == [False, False]
 
 
+def test_a_change_applies_to_the_set_it_names_and_no_other(service):
+    routers = Announcers(service)
+    routers.update(parse({"from": "router-a", "seq": 1, "requests": {"r1": hexes(1), "r2": hexes(2)}}))
+    change = {"from": "router-a", "seq": 2, "base": 1, "add": {"r3": hexes(3)}, "order": ["r2", "r3"]}
+    assert routers.update(parse(change)) == 2
+    assert expected(service, 1, 2, 3) == [False, True, True]
+    stale = {"from": "router-a", "seq": 3, "base": 1, "add": {"r4": hexes(4)}, "order": ["r4"]}
+    with pytest.raises(ExpectConflict, match=r"^base: set 1 of router-a is not held here"):
+        routers.update(parse(stale))
+    lost = {"from": "router-a", "seq": 3, "base": 2, "add": {}, "order": ["r2", "r9"]}
+    with pytest.raises(ExpectConflict, match=r"^order: r9"):
+        routers.update(parse(lost))
+    unknown = {"from": "router-b", "seq": 5, "base": 4, "add": {}, "order": []}
+    with pytest.raises(ExpectConflict, match="none is"):
+        routers.update(parse(unknown))
+    assert expected(service, 2, 3, 4) == [True, True, False]  # a refused change changes nothing
+
+
 def test_the_metrics_count_each_sources_lookahead(service, monkeypatch):
     monkeypatch.setattr(announced, "MAX_EXPECTED_BLOCKS", 5)
     routers, engine = Announcers(service), Owner()
@@ -137,6 +155,12 @@ def test_the_nearest_requests_are_kept():
         ({"from": "r", "requests": {"q1": "00"}}, "requests.q1"),
         ({"from": "r", "requests": {"q1": ["zz"]}}, "requests.q1"),
         ({"from": "r", "requests": {"q1": [7]}}, "requests.q1"),
+        ({"from": "r", "seq": -1, "requests": {}}, "seq"),
+        ({"from": "r", "base": 1, "add": {}, "order": []}, "seq"),
+        ({"from": "r", "seq": 2, "base": "1", "add": {}, "order": []}, "base"),
+        ({"from": "r", "seq": 2, "base": 1, "order": []}, "add"),
+        ({"from": "r", "seq": 2, "base": 1, "add": {"q1": ["zz"]}, "order": ["q1"]}, "add.q1"),
+        ({"from": "r", "seq": 2, "base": 1, "add": {}, "order": "q1"}, "order"),
     ],
 )
 def test_a_bad_announcement_is_refused_naming_the_field(body, field):
@@ -173,6 +197,10 @@ def test_routers_announce_over_http_on_the_metrics_port(root, service):
             status, answer = post(port, {"from": "chat-router-a", "requests": {"q1": ["zz"]}})
             assert status == 400 and answer["error"].startswith("requests.q1:")
             assert expected(service, 1) == [True]  # a refused body changes nothing
+            status, answer = post(
+                port, {"from": "chat-router-a", "seq": 9, "base": 8, "add": {}, "order": []}
+            )
+            assert status == 409 and answer["error"].startswith("base:")
         finally:
             server.shutdown()
     unconfigured.close()

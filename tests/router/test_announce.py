@@ -4,21 +4,20 @@ replica each is expected at, as whole sets, resent while they wait and cleared w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 
+from bench import routing_lookahead
 from strata.router import announce
-from strata.router.announce import RESEND_S, Announcer, due, plan
+from strata.router.announce import RESEND_S, Announcer, Sent, due, message, plan
 from strata.router.choose import Prompt
 from strata.router.config import RouterConfig
 from strata.router.fleet import Address, Fleet
 from strata.router.gate import Gate, Queued
-from strata.worker.config import KVTierConfig
-from strata.worker.kvtier.announced import Announcers
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
 from strata.worker.kvtier.protocol import EXPECT_PATH
 from strata.worker.kvtier.service import KVTierService
@@ -70,9 +69,24 @@ def test_an_endpoints_set_stops_where_its_sidecar_would(monkeypatch):
 def test_a_set_is_sent_when_it_changed_and_resent_while_not_empty():
     sets = {"e0": {"q1": hexes(1)}, "e1": {}, "e2": {}}
     assert due(sets, {}, 0.0) == ["e0"]  # nothing to clear where nothing was sent
-    sent = {"e0": (sets["e0"], 0.0), "e1": ({"q9": hexes(9)}, 0.0), "e2": ({}, 0.0)}
+    sent = {"e0": Sent(sets["e0"], 0.0, 1), "e1": Sent({"q9": hexes(9)}, 0.0, 2), "e2": Sent({}, 0.0, 3)}
     assert due(sets, sent, 1.0) == ["e1"]  # e1's request left the queue: cleared
     assert due(sets, sent, RESEND_S) == ["e0", "e1"]  # e0's kept alive; e2's empty set is not resent
+
+
+def test_a_set_the_sidecar_holds_is_changed_else_sent_whole():
+    first = {"q1": hexes(1, 2), "q2": hexes(3)}
+    assert message("a", None, first, 1) == {"from": "a", "seq": 1, "requests": first}
+    then = {"q2": hexes(3), "q3": hexes(4, 5)}  # q1 left, q3 came
+    assert message("a", Sent(first, 0.0, 1), then, 2) == {
+        "from": "a",
+        "seq": 2,
+        "base": 1,
+        "add": {"q3": hexes(4, 5)},
+        "order": ["q2", "q3"],
+    }
+    # not acknowledged (refused, or no answer): the sidecar may not hold it
+    assert message("a", Sent(first, 0.0, None), then, 2) == {"from": "a", "seq": 2, "requests": then}
 
 
 def make_gate(endpoints: dict[str, str | None], inflight: int = 1) -> tuple[Gate, Fleet]:
@@ -107,22 +121,13 @@ async def test_a_queued_request_is_expected_where_its_blocks_are(holder):
 
 
 @pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[tuple[KVTierService, str]]:
-    """A real sidecar's service and its HTTP server on loopback, announcements on."""
-    config = KVTierConfig.model_validate(
-        {
-            "enabled": True,
-            "socket_path": str(tmp_path / "kv.sock"),
-            "dram": {"capacity_bytes": 64 * 4096, "shm_path": str(tmp_path / "shm" / "kv")},
-            "nvme": {"capacity_bytes": 64 * 4096, "path": str(tmp_path / "nvme"), "admit_after_hits": 0},
-        }
-    )
-    service = KVTierService(config, staging_slots=4)
-    service.configure(4096)
-    server = serve_http(0, TierMetrics(), lambda: True, "127.0.0.1", announce=Announcers(service).handle)
-    yield service, f"http://127.0.0.1:{server.server_address[1]}{EXPECT_PATH}"
-    server.shutdown()
-    service.close()
+def sidecar() -> Iterator[tuple[KVTierService, str]]:
+    """A real sidecar's service (DRAM and NVMe tiers) and its HTTP server on loopback,
+    announcements on."""
+    with routing_lookahead.sidecar() as announcers:
+        server = serve_http(0, TierMetrics(), lambda: True, "127.0.0.1", announce=announcers.handle)
+        yield announcers.service, f"http://127.0.0.1:{server.server_address[1]}{EXPECT_PATH}"
+        server.shutdown()
 
 
 async def test_the_router_announces_its_queue_to_a_real_sidecar_and_clears_it(sidecar):
@@ -142,4 +147,23 @@ async def test_the_router_announces_its_queue_to_a_real_sidecar_and_clears_it(si
         await waiting
         await announcer.tick(1.0)
         assert [service.dram.index.is_expected(k) for k in asked.blocks] == [False, False]
-        assert announcer.sent["e0"] == ({}, 1.0)
+        assert announcer.sent["e0"].requests == {} and announcer.sent["e0"].seq == 2  # a change
+
+
+async def test_a_sidecar_that_lost_the_set_gets_the_whole_set(sidecar):
+    service, url = sidecar
+    assert service.dram is not None
+    gate, fleet = make_gate({"e0": url})
+    busy = await gate.enter(prompt(9), 0)
+    waiting = [asyncio.create_task(wait_for_slot(gate, prompt(n, n + 1))) for n in (1, 3)]
+    await asyncio.sleep(0)
+    async with aiohttp.ClientSession() as session:
+        announcer = Announcer(session, fleet, gate, name="chat-router-a")
+        await announcer.tick(0.0)
+        # as if the sidecar had restarted since: it holds no set of ours
+        announcer.sent["e0"] = dataclasses.replace(announcer.sent["e0"], seq=41, requests={})
+        await announcer.tick(1.0)  # a change to set 41: refused (409), then the whole set
+        assert announcer.sent["e0"].seq == 3
+        assert all(service.dram.index.is_expected(key(n)) for n in (1, 2, 3, 4))
+        gate.finished(busy.endpoints[0])
+        await asyncio.gather(*waiting)

@@ -6,10 +6,16 @@ the engine batches, so under load the engine's own queue is short and the reques
 come next wait at the router. Announced, their blocks are kept and moved up to DRAM before they
 arrive, as the engine's queued requests' are (``KVTierService.expect``).
 
-A router sends its whole set for this replica each time (``{"from": name, "requests": {id:
-[hex key, ...]}}``), so a lost or repeated message does no harm; the sidecar applies the
-difference. A router that stops sending (dead, or the request left its queue unannounced) has
-its set forgotten after ``ANNOUNCED_TTL_S``. The routers' sets are bounded together: at most
+A router sends its whole set for this replica (``{"from": name, "seq": n, "requests": {id:
+[hex key, ...]}}``), then changes to it: ``{"from", "seq": n + 1, "base": n, "add": {id: [hex
+key, ...]}, "order": [id, ...]}``, the requests new since set ``base`` and every request id of
+the new set, nearest first (the rest left). Why: a queue of long prompts is megabytes of keys
+and moves at every dispatch, while a change is a few requests; the whole set took 113 ms of the
+router's CPU to encode for 8 replicas (512 blocks a request, 1,024 waiting). A change to a set
+the sidecar does not hold (it restarted, or forgot the router) is refused with 409
+(``protocol.ExpectConflict``), and the router sends its whole set; a repeated message does no
+harm. A router that stops sending (dead, or the request left its queue unannounced) has its
+set forgotten after ``ANNOUNCED_TTL_S``. The routers' sets are bounded together: at most
 ``MAX_ANNOUNCERS`` routers, ``MAX_EXPECTED_BLOCKS`` blocks (the budget counts them beside the
 engine's), the nearest requests first.
 """
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS, nearest_within
+from strata.worker.kvtier.protocol import ExpectConflict
 from strata.worker.kvtier.service import KVTierService, Owner
 
 MAX_ANNOUNCERS = 8  # routers of one service: 2 by default; more only while they roll
@@ -33,26 +40,56 @@ MAX_NAME = 253
 Announced = dict[str, list[bytes]]  # request id -> its block keys, nearest request first
 
 
-def parse(body: object) -> tuple[str, Announced]:
-    """The router's name and its requests; ValueError naming the field that is wrong."""
+@dataclass(frozen=True)
+class Update:
+    """One router's message: its whole set (``order`` None), or a change to its set ``base``."""
+
+    name: str
+    seq: int | None  # what later changes name as their base; None: none may
+    add: Announced  # the whole set, or the requests new since ``base``
+    base: int | None = None
+    order: list[str] | None = None  # a change: every request id of the new set, nearest first
+
+
+def parse(body: object) -> Update:
+    """The router's message; ValueError naming the field that is wrong."""
     if not isinstance(body, Mapping):
         raise ValueError("body: expected a JSON object")
     name = body.get("from")
     if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
         raise ValueError(f"from: expected the router's name (1 to {MAX_NAME} characters)")
-    requests = body.get("requests")
+    seq = _number(body, "seq") if "seq" in body else None
+    if "base" not in body:
+        return Update(name, seq, _requests(body, "requests"))
+    if seq is None:
+        raise ValueError("seq: expected a number (a change names its own set)")
+    order = body.get("order")
+    if not isinstance(order, list) or not all(isinstance(rid, str) for rid in order):
+        raise ValueError("order: expected a list of request ids, nearest first")
+    return Update(name, seq, _requests(body, "add"), _number(body, "base"), order)
+
+
+def _number(body: Mapping[str, Any], name: str) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name}: expected a whole number, 0 or more")
+    return value
+
+
+def _requests(body: Mapping[str, Any], name: str) -> Announced:
+    requests = body.get(name)
     if not isinstance(requests, Mapping):
-        raise ValueError("requests: expected an object of request id -> block keys")
-    return name, {str(rid): _keys(str(rid), keys) for rid, keys in requests.items()}
+        raise ValueError(f"{name}: expected an object of request id -> block keys")
+    return {str(rid): _keys(f"{name}.{rid}", keys) for rid, keys in requests.items()}
 
 
-def _keys(request: str, keys: object) -> list[bytes]:
+def _keys(field: str, keys: object) -> list[bytes]:
     if not isinstance(keys, list):
-        raise ValueError(f"requests.{request}: expected a list of hex block keys")
+        raise ValueError(f"{field}: expected a list of hex block keys")
     try:
         return [bytes.fromhex(k) for k in keys]
     except (TypeError, ValueError):
-        raise ValueError(f"requests.{request}: expected a list of hex block keys") from None
+        raise ValueError(f"{field}: expected a list of hex block keys") from None
 
 
 def within(requests: Announced, room: int) -> Announced:
@@ -66,6 +103,8 @@ def within(requests: Announced, room: int) -> Announced:
 class _Router:
     owner: Owner = field(default_factory=lambda: Owner(source="routers"))
     seen: float = 0.0
+    requests: Announced = field(default_factory=dict)  # its last set, announced or not
+    seq: int | None = None
 
 
 class Announcers:
@@ -79,12 +118,17 @@ class Announcers:
 
     def replace(self, name: str, requests: Announced) -> int:
         """This router's set is now ``requests``; returns how many of them are announced."""
+        return self.update(Update(name, None, requests))
+
+    def update(self, update: Update) -> int:
+        """Apply a router's message; ExpectConflict for a change to a set not held here."""
         with self._lock:
             self._expire(self.clock())
-            router = self._routers.pop(name, None) or _Router()
-            self._routers[name] = router  # the most recent last
-            router.seen = self.clock()
-            others = sum(r.owner.expected_blocks for n, r in self._routers.items() if n != name)
+            requests = update.add if update.order is None else self._changed(update)
+            router = self._routers.pop(update.name, None) or _Router()
+            self._routers[update.name] = router  # the most recent last
+            router.seen, router.requests, router.seq = self.clock(), requests, update.seq
+            others = sum(r.owner.expected_blocks for n, r in self._routers.items() if n != update.name)
             kept = within(requests, MAX_EXPECTED_BLOCKS - others)
             self.refused += len(requests) - len(kept)
             self.service.metrics.lookahead_refused.labels("routers").inc(len(requests) - len(kept))
@@ -92,6 +136,19 @@ class Announcers:
             while len(self._routers) > MAX_ANNOUNCERS:
                 self._forget(next(iter(self._routers)))
             return len(kept)
+
+    def _changed(self, update: Update) -> Announced:
+        """The set ``update`` changes its base into."""
+        router = self._routers.get(update.name)
+        if router is None or router.seq is None or router.seq != update.base:
+            held = "none" if router is None or router.seq is None else router.seq
+            raise ExpectConflict(f"base: set {update.base} of {update.name} is not held here ({held} is)")
+        missing = [rid for rid in update.order or () if rid not in update.add and rid not in router.requests]
+        if missing:
+            raise ExpectConflict(f"order: {missing[0]} is neither in add nor in set {update.base}")
+        return {
+            rid: update.add[rid] if rid in update.add else router.requests[rid] for rid in update.order or ()
+        }
 
     def expire(self) -> None:
         with self._lock:
@@ -102,10 +159,10 @@ class Announcers:
             return sum(len(r.owner.expected) for r in self._routers.values())
 
     def handle(self, body: Any) -> dict[str, Any]:
-        """``POST /kv/expect``: ValueError for a body that is wrong, RuntimeError before the
-        engine's hello (nothing to keep blocks in yet)."""
-        name, requests = parse(body)
-        return {"announced": self.replace(name, requests)}
+        """``POST /kv/expect``: ValueError for a body that is wrong, ExpectConflict for a change
+        to a set not held here, RuntimeError before the engine's hello (nothing to keep blocks in
+        yet)."""
+        return {"announced": self.update(parse(body))}
 
     def _apply(self, owner: Owner, requests: Announced) -> None:
         gone = [r for r in owner.expected if r not in requests]

@@ -132,7 +132,8 @@ def _announce(
     announce: Callable[[Any], dict[str, Any]], length: str | None, body: BufferedIOBase
 ) -> tuple[int, dict[str, Any]]:
     """The HTTP answer to a router's announcement: 200 and what was announced, 400 naming what is
-    wrong with it, 413 past ``protocol.EXPECT_MAX_BODY_BYTES``, 503 before the engine's hello."""
+    wrong with it, 409 for a change to a set not held here, 413 past
+    ``protocol.EXPECT_MAX_BODY_BYTES``, 503 before the engine's hello."""
     size = int(length) if length and length.isdigit() else -1
     if not 0 <= size <= protocol.EXPECT_MAX_BODY_BYTES:
         return 413, {"error": f"Content-Length: expected 0 to {protocol.EXPECT_MAX_BODY_BYTES} bytes"}
@@ -140,6 +141,8 @@ def _announce(
         return 200, announce(json.loads(body.read(size) or b"null"))
     except ValueError as err:  # JSON that does not parse, or a field that is wrong
         return 400, {"error": str(err)}
+    except protocol.ExpectConflict as err:
+        return 409, {"error": str(err)}
     except RuntimeError as err:
         return 503, {"error": str(err)}
 

@@ -28,6 +28,11 @@ _LENGTH = struct.Struct(">I")
 Message = dict[str, Any]
 
 
+class ExpectConflict(Exception):
+    """A router's change to a set this sidecar does not hold (it restarted, or forgot the
+    router): HTTP 409, and the router sends its whole set."""
+
+
 class ProtocolError(Exception):
     """A malformed frame or a peer that went away mid-frame."""
 
