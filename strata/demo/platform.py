@@ -117,10 +117,11 @@ def observed_at(signals: dict[str, Any]) -> datetime | None:
 
 
 def signals(cluster: Cluster) -> str:
-    """The live signals the autoscaler wrote into the service's status, as a tenant sees them."""
+    """The live signals the autoscaler wrote into the service's status, and what the workers
+    report of their model, as a tenant sees them."""
     service = cluster.kubectl_json("get", "inferenceservice", SERVICE, "-n", TENANT)
     status = service.get("status") or {}
-    shown = {"signals": status.get("signals"), "lastScaling": status.get("lastScaling")}
+    shown = {k: status.get(k) for k in ("signals", "model", "lastScaling")}
     return yaml.safe_dump({k: v for k, v in shown.items() if v}, sort_keys=False)
 
 

@@ -65,7 +65,7 @@ def test_a_routers_set_replaces_its_last_one_and_others_sets_stay(service):
     assert expected(service, 1, 2, 3, 4, 9) == [False, False, True, True, True]
     routers.replace("router-a", {})
     assert expected(service, 3, 4, 9) == [False, False, True]
-    assert routers.requests() == 1
+    assert lookahead(service)[("requests", "routers")] == 1
 
 
 def test_a_silent_routers_set_is_forgotten(service):

@@ -154,10 +154,6 @@ class Announcers:
         with self._lock:
             self._expire(self.clock())
 
-    def requests(self) -> int:
-        with self._lock:
-            return sum(len(r.owner.expected) for r in self._routers.values())
-
     def handle(self, body: Any) -> dict[str, Any]:
         """``POST /kv/expect``: ValueError for a body that is wrong, ExpectConflict for a change
         to a set not held here, RuntimeError before the engine's hello (nothing to keep blocks in
