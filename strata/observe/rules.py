@@ -186,6 +186,10 @@ def slo_alerts() -> list[Alert]:
 
 
 def health_alerts() -> list[Alert]:
+    return [*cache_alerts(), *platform_alerts()]
+
+
+def cache_alerts() -> list[Alert]:
     return [
         Alert(
             "StrataKVCacheSaturated",
@@ -213,7 +217,8 @@ def health_alerts() -> list[Alert]:
             f"{SERVICE_TEXT}: the {{{{ $labels.tier }}}} cache tier holds less than its size",
             "The sidecar indexes {{ $value | humanizePercentage }} of the tier's size: the model's KV "
             "blocks are small (under 1 MiB) and their index outgrew the memory the sidecar has. Give "
-            "spec.model.kvBytesPerToken (the operator then sizes the sidecar for the model's blocks), "
+            "spec.model.kvBytesPerToken (status.model.kvBytesPerToken shows the workers' figure; the "
+            "operator then sizes the sidecar for the model's blocks), "
             "raise spec.engine.blockSize or lower the tier's size (docs/kvtier.md, Memory).",
         ),
         Alert(
@@ -228,6 +233,11 @@ def health_alerts() -> list[Alert]:
             "hit ratios fall. Give the routers more memory (the chart's router.resources, "
             "docs/router.md).",
         ),
+    ]
+
+
+def platform_alerts() -> list[Alert]:
+    return [
         Alert(
             "StrataOperatorReconcileErrors",
             f"sum {by(NAMESPACE, POD)} (increase(strata_operator_reconcile_errors_total[15m])) > 0",

@@ -80,20 +80,12 @@ class TierMetrics:
             "volume's size, and temporary files their writers left.",
         )
         self._lookahead(r)
-        self.read_seconds = Histogram(
-            _PREFIX + "read_seconds",
-            "Latency of a batch read.",
-            ["tier"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.write_seconds = Histogram(
-            _PREFIX + "write_seconds",
-            "Latency of a batch write.",
-            ["tier"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(_PREFIX + name, doc, ["tier"], buckets=_LATENCY_BUCKETS, registry=r)
+
+        self.read_seconds = latency("read_seconds", "Latency of a batch read.")
+        self.write_seconds = latency("write_seconds", "Latency of a batch write.")
 
     def _lookahead(self, r: CollectorRegistry) -> None:
         """The look-ahead's series, by ``source``; both sources' exist from the start, at 0."""
