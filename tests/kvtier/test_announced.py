@@ -109,6 +109,16 @@ def test_a_change_applies_to_the_set_it_names_and_no_other(service):
     assert expected(service, 2, 3, 4) == [True, True, False]  # a refused change changes nothing
 
 
+def test_a_set_past_the_lookahead_is_not_kept_for_changes_to_name(service, monkeypatch):
+    monkeypatch.setattr(announced, "MAX_EXPECTED_BLOCKS", 3)
+    routers = Announcers(service)
+    whole = {"from": "router-a", "seq": 1, "requests": {"r1": hexes(1, 2), "r2": hexes(3, 4)}}
+    assert routers.update(parse(whole)) == 1  # r2 does not fit: nor is it remembered
+    change = {"from": "router-a", "seq": 2, "base": 1, "add": {}, "order": ["r1", "r2"]}
+    with pytest.raises(ExpectConflict, match=r"^order: r2"):  # the router sends its whole set
+        routers.update(parse(change))
+
+
 def test_the_metrics_count_each_sources_lookahead(service, monkeypatch):
     monkeypatch.setattr(announced, "MAX_EXPECTED_BLOCKS", 5)
     routers, engine = Announcers(service), Owner()

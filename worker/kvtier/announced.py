@@ -127,7 +127,13 @@ class Announcers:
             requests = update.add if update.order is None else self._changed(update)
             router = self._routers.pop(update.name, None) or _Router()
             self._routers[update.name] = router  # the most recent last
-            router.seen, router.requests, router.seq = self.clock(), requests, update.seq
+            # What later changes may name: as much as one router's look-ahead could hold (a
+            # router's plan sends no more), however large the body.
+            router.seen, router.requests, router.seq = (
+                self.clock(),
+                within(requests, MAX_EXPECTED_BLOCKS),
+                update.seq,
+            )
             others = sum(r.owner.expected_blocks for n, r in self._routers.items() if n != update.name)
             kept = within(requests, MAX_EXPECTED_BLOCKS - others)
             self.refused += len(requests) - len(kept)
