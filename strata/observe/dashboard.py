@@ -133,6 +133,21 @@ def cache_charts() -> list[Chart]:
             ),
         ),
         Chart(
+            "Tier bandwidth",
+            "Bytes read from and written to each KV-cache tier by the sidecars.",
+            "Bps",
+            (
+                Query(per_service(rules.READ_BYTES), "{{namespace}}/{{service}} {{tier}} read"),
+                Query(per_service(rules.WRITTEN_BYTES), "{{namespace}}/{{service}} {{tier}} write"),
+            ),
+        ),
+    ]
+
+
+def lookahead_charts() -> list[Chart]:
+    """What the sidecars know of the requests to come, and what moving their blocks up gave."""
+    return [
+        Chart(
             "Look-ahead",
             "Queued requests whose blocks the sidecars keep and move up to DRAM before they are "
             "scheduled, from the engines' own queues and from the routers' (docs/kvtier.md); and "
@@ -151,12 +166,21 @@ def cache_charts() -> list[Chart]:
             ),
         ),
         Chart(
-            "Tier bandwidth",
-            "Bytes read from and written to each KV-cache tier by the sidecars.",
-            "Bps",
+            "Prefetch",
+            "Blocks moved up to DRAM ahead of the requests that need them (the look-ahead and the "
+            "engine's hints), by the tier they came from, and those a request then asked for, per second.",
+            "none",
             (
-                Query(per_service(rules.READ_BYTES), "{{namespace}}/{{service}} {{tier}} read"),
-                Query(per_service(rules.WRITTEN_BYTES), "{{namespace}}/{{service}} {{tier}} write"),
+                Query(
+                    "sum by (namespace, service, tier) "
+                    f"(rate(strata_kvtier_prefetched_total{SERVICE_FILTER}[5m]))",
+                    "{{namespace}}/{{service}} from {{tier}}",
+                ),
+                Query(
+                    "sum by (namespace, service, tier) "
+                    f"(rate(strata_kvtier_prefetch_used_total{SERVICE_FILTER}[5m]))",
+                    "{{namespace}}/{{service}} from {{tier}}, used",
+                ),
             ),
         ),
     ]
@@ -229,6 +253,7 @@ def rows() -> list[tuple[str, list[Chart]]]:
         ("Latency SLO", slo_charts()),
         ("Capacity and scaling", capacity_charts()),
         ("KV cache tiers", cache_charts()),
+        ("Look-ahead and prefetch", lookahead_charts()),
         ("Bottleneck", bottleneck_charts()),
         ("Cost per tenant and tier", cost_charts()),
     ]

@@ -224,6 +224,9 @@ def test_prefetch_promotes_to_dram(root):
     # from then on they are DRAM blocks like any other.
     assert service.lookup([key(0), key(1)]) == ["nvme", "nvme"]
     assert service.lookup([key(0), key(1)]) == ["dram", "dram"]
+    said = service.metrics.render().decode()
+    assert 'strata_kvtier_prefetched_total{tier="nvme"} 2.0' in said
+    assert 'strata_kvtier_prefetch_used_total{tier="nvme"} 2.0' in said  # once each, not twice
     service.close()
 
 

@@ -62,6 +62,19 @@ class TierMetrics:
         self.recovered_blocks = counter(
             "recovered_blocks", "Blocks found again at start (warm restart) and verified."
         )
+        self.prefetched = counter(
+            "prefetched",
+            "Blocks moved up to DRAM ahead of a request (look-ahead and prefetch hints), by the tier "
+            "they came from.",
+        )
+        self.prefetch_used = counter(
+            "prefetch_used",
+            "Prefetched blocks a request then asked for, served from DRAM instead of the tier they "
+            "came from (also counted in that tier's hits).",
+        )
+        for lower in ("nvme", "shared"):  # their series exist from the start, at 0
+            self.prefetched.labels(lower)
+            self.prefetch_used.labels(lower)
         self.admitted = counter("admitted", "Blocks offered to the tier that its admission policy let in.")
         self.refused = counter("refused", "Blocks offered to the tier that its admission policy kept out.")
         self.doorkeeper = gauge(

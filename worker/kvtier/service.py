@@ -313,7 +313,10 @@ class KVTierService:
     def _where(self, key: bytes) -> str | None:
         m = self.metrics
         if self.dram is not None and (key in self.dram.index or key in self._require().demoting):
-            tier = self._prefetched_from.pop(key, "dram")
+            origin = self._prefetched_from.pop(key, None)
+            if origin is not None:
+                m.prefetch_used.labels(origin).inc()
+            tier = origin or "dram"
             m.hits.labels(tier).inc()
             return tier
         m.misses.labels("dram").inc()
@@ -632,6 +635,7 @@ class KVTierService:
             log.exception("kvtier: prefetch failed")
 
     def _remember_prefetch(self, key: bytes, origin: str) -> None:
+        self.metrics.prefetched.labels(origin).inc()
         self._prefetched_from[key] = origin
         while len(self._prefetched_from) > PREFETCH_MEMORY:
             self._prefetched_from.popitem(last=False)  # prefetched but never asked for
