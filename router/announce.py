@@ -11,9 +11,10 @@ A replica's set is sent when it changed (at most every ``ANNOUNCE_EVERY_S``) and
 keeps it exactly as long as the requests wait. The first message is the whole set; once the
 sidecar has acknowledged a set, the next message is the change to it (``message``): the
 requests new since, and the order of the whole set. A sidecar that does not hold that set any
-more (restarted) answers 409 and gets the whole set at once; after any other failure the next
-message is the whole set. A failed send is retried when the set changes or at the next resend;
-the look-ahead is a hint, and requests never wait for it.
+more (restarted) answers 409, one from before changes 400, and either gets the whole set at
+once; after any other failure the next message is the whole set. A failed send is retried
+when the set changes or at the next resend; the look-ahead is a hint, and requests never wait
+for it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 0.25
 RESEND_S = 10.0  # well within the sidecar's ANNOUNCED_TTL_S
 POST_TIMEOUT_S = 5.0
+# Answers to a change after which the whole set goes at once: 409, the sidecar lost the set
+# the change was to (it restarted); 400, a sidecar from before changes (a rolling upgrade).
+WHOLE_AFTER = (HTTPStatus.CONFLICT, HTTPStatus.BAD_REQUEST)
 
 Requests = dict[str, list[str]]  # request id -> hex block keys, nearest request first
 Sets = dict[str, Requests]  # by endpoint
@@ -158,10 +162,9 @@ class Announcer:
         """Recorded whatever the answer: a failed set is sent again (whole) when it changes or
         at the next resend, not at every tick (a sidecar before its engine's hello answers 503)."""
         self._seq += 1
-        status = await self._post(
-            endpoint, url, message(self.name, self.sent.get(endpoint), requests, self._seq)
-        )
-        if status == HTTPStatus.CONFLICT:  # the sidecar lost the set we changed: the whole set, now
+        body = message(self.name, self.sent.get(endpoint), requests, self._seq)
+        status = await self._post(endpoint, url, body)
+        if "base" in body and status in WHOLE_AFTER:
             self._seq += 1
             status = await self._post(endpoint, url, message(self.name, None, requests, self._seq))
         self.sent[endpoint] = Sent(requests, now, self._seq if status == HTTPStatus.OK else None)

@@ -1,5 +1,6 @@
 """The router's look-ahead: requests waiting in its queue are announced to the sidecar of the
-replica each is expected at, as whole sets, resent while they wait and cleared when they go."""
+replica each is expected at, as a whole set and then changes to it (the whole set again for a
+sidecar that cannot take a change), resent while they wait and cleared when they go."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import dataclasses
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -150,8 +152,24 @@ async def test_the_router_announces_its_queue_to_a_real_sidecar_and_clears_it(si
         assert announcer.sent["e0"].requests == {} and announcer.sent["e0"].seq == 2  # a change
 
 
-async def test_a_sidecar_that_lost_the_set_gets_the_whole_set(sidecar):
-    service, url = sidecar
+@pytest.fixture
+def old_sidecar() -> Iterator[tuple[KVTierService, str]]:
+    """A sidecar from before changes: a body without ``requests`` is a 400."""
+    with routing_lookahead.sidecar() as announcers:
+
+        def handle(body: Any) -> dict[str, Any]:
+            if "requests" not in body:
+                raise ValueError("requests: expected an object of request id -> block keys")
+            return announcers.handle(body)
+
+        server = serve_http(0, TierMetrics(), lambda: True, "127.0.0.1", announce=handle)
+        yield announcers.service, f"http://127.0.0.1:{server.server_address[1]}{EXPECT_PATH}"
+        server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["restarted", "from before changes"])
+async def test_a_sidecar_that_cannot_take_a_change_gets_the_whole_set(kind, sidecar, old_sidecar):
+    service, url = sidecar if kind == "restarted" else old_sidecar
     assert service.dram is not None
     gate, fleet = make_gate({"e0": url})
     busy = await gate.enter(prompt(9), 0)
@@ -160,9 +178,11 @@ async def test_a_sidecar_that_lost_the_set_gets_the_whole_set(sidecar):
     async with aiohttp.ClientSession() as session:
         announcer = Announcer(session, fleet, gate, name="chat-router-a")
         await announcer.tick(0.0)
-        # as if the sidecar had restarted since: it holds no set of ours
-        announcer.sent["e0"] = dataclasses.replace(announcer.sent["e0"], seq=41, requests={})
-        await announcer.tick(1.0)  # a change to set 41: refused (409), then the whole set
+        if kind == "restarted":  # as if: it holds no set 41 of ours
+            announcer.sent["e0"] = dataclasses.replace(announcer.sent["e0"], seq=41, requests={})
+        else:
+            announcer.sent["e0"] = dataclasses.replace(announcer.sent["e0"], requests={})
+        await announcer.tick(1.0)  # a change: refused (409, 400), then the whole set at once
         assert announcer.sent["e0"].seq == 3
         assert all(service.dram.index.is_expected(key(n)) for n in (1, 2, 3, 4))
         gate.finished(busy.endpoints[0])
