@@ -86,6 +86,8 @@ def test_all_routers_together_stay_within_the_lookahead(service, monkeypatch):
     # 1 block of room left: router-b's nearest request (2 blocks) does not fit, nor those after it
     assert routers.replace("router-b", {"r5": [key(5), key(6)], "r7": [key(7)]}) == 0
     assert routers.refused == 2 and expected(service, 5, 7) == [False, False]
+    routers.replace("router-b", {"r5": [key(5), key(6)], "r7": [key(7)], "r8": [key(8), key(9)]})
+    assert routers.refused == 3  # r5 and r7 again, not counted again; r8 is new
     for n in range(MAX_ANNOUNCERS + 1):  # the least recently heard router goes first
         routers.replace(f"router-{n}", {})
     assert expected(service, 1, 3) == [False, False]

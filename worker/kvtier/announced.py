@@ -104,6 +104,7 @@ class _Router:
     owner: Owner = field(default_factory=lambda: Owner(source="routers"))
     seen: float = 0.0
     requests: Announced = field(default_factory=dict)  # its last set, announced or not
+    refused: set[str] = field(default_factory=set)  # of it, the requests not announced
     seq: int | None = None
 
 
@@ -112,7 +113,7 @@ class Announcers:
 
     def __init__(self, service: KVTierService, clock: Callable[[], float] = time.monotonic) -> None:
         self.service, self.clock = service, clock
-        self.refused = 0  # requests past the routers' share of the look-ahead
+        self.refused = 0  # requests past the routers' share of the look-ahead, each counted once
         self._routers: dict[str, _Router] = {}
         self._lock = threading.Lock()
 
@@ -136,8 +137,12 @@ class Announcers:
             )
             others = sum(r.owner.expected_blocks for n, r in self._routers.items() if n != update.name)
             kept = within(requests, MAX_EXPECTED_BLOCKS - others)
-            self.refused += len(requests) - len(kept)
-            self.service.metrics.lookahead_refused.labels("routers").inc(len(requests) - len(kept))
+            # Counted once per request, as the engine's are, not again in every message.
+            refused = requests.keys() - kept.keys()
+            newly = len(refused - router.refused)
+            router.refused = refused
+            self.refused += newly
+            self.service.metrics.lookahead_refused.labels("routers").inc(newly)
             self._apply(router.owner, kept)
             while len(self._routers) > MAX_ANNOUNCERS:
                 self._forget(next(iter(self._routers)))
