@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN ?= bin
 
-.PHONY: venv cluster-bins prometheus lint test test-fast demo bench crds crds-check clean
+.PHONY: venv cluster-bins prometheus lint test test-fast demo bench crds crds-check device-wheels clean
 
 venv: $(VENV)/.installed
 
@@ -55,6 +55,10 @@ crds: venv
 
 crds-check: venv
 	$(VENV)/bin/strata crds check
+
+# The wheels a lent GPU machine lacks, for tools/device/check.sh (the checks that need a GPU).
+device-wheels: venv
+	tools/device/wheels.sh .device/wheels
 
 clean:
 	rm -rf $(VENV) $(BIN) .mypy_cache .ruff_cache .pytest_cache

@@ -1,6 +1,7 @@
 """The engine with the sidecar behind it: blocks pushed out of a deliberately tiny HBM cache
 come back from DRAM, NVMe or the shared tier, and decoding from them equals decoding by
-recomputation (same tokens, same logits)."""
+recomputation (same tokens, same logits). On the CPU here; on CUDA with STRATA_TEST_DEVICE=cuda
+(tools/device/check.sh), the tiers' GPU path."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from strata.worker.engine.sequence import SamplingParams
 from strata.worker.models.presets import write_model
 from strata.worker.server.main import build_engine
 
-from .conftest import kvtier_config
+from .conftest import TEST_DEVICE, kvtier_config
 
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True, keep_logits=True)
 TIERS: dict[str, dict[str, Any]] = {
@@ -36,7 +37,7 @@ def engine_config(model_dir: Path, root: Path, **kvtier: Any) -> WorkerConfig:
     return WorkerConfig(
         model=ModelConfig(name="tiny", path=str(model_dir)),
         # 14 blocks of 16 tokens: one 200-token request fits, a second one evicts the first.
-        engine=EngineConfig(device="cpu", block_size=16, num_gpu_blocks=14),
+        engine=EngineConfig(device=TEST_DEVICE, block_size=16, num_gpu_blocks=14),
         kvtier=kvtier_config(root, **kvtier),
     )
 
