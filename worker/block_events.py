@@ -78,8 +78,22 @@ class BlockEvents:
         self.instance = uuid.uuid4().hex
         self.status = status
         self._held: dict[str, set[bytes]] = {}
+        # Tiers whose producer keeps the record of what they hold itself (``track``).
+        self._tracked: dict[str, Callable[[], list[bytes]]] = {}
         self._subscribers: list[Subscription] = []
         self._lock = threading.Lock()
+
+    def track(self, tier: str, holdings: Callable[[], list[bytes]]) -> None:
+        """The producer keeps what ``tier`` holds itself (a sidecar's tier index, millions of
+        blocks): no copy of it is kept here (about 50 bytes a block). ``holdings`` returns the
+        keys held now, read in one step under the GIL (``list`` of a dict); snapshots call it.
+        Every ``stored``/``removed`` the producer reports for the tier must then be a real
+        change, and come after the change itself: a follower subscribing in between sees a
+        block in the snapshot and again as stored (or absent and then removed), which followers
+        take as they take any event, as a set add or discard."""
+        with self._lock:
+            self._tracked[tier] = holdings
+            self._held.pop(tier, None)
 
     def stored(self, tier: str, keys: Iterable[bytes]) -> None:
         self._change("stored", tier, keys)
@@ -89,6 +103,11 @@ class BlockEvents:
 
     def _change(self, op: str, tier: str, keys: Iterable[bytes]) -> None:
         with self._lock:
+            if tier in self._tracked:
+                for key in keys:
+                    for sub in self._subscribers:
+                        sub.push((op, tier, key))
+                return
             held = self._held.setdefault(tier, set())
             for key in keys:
                 if (key in held) == (op == "removed"):  # only real changes go out
@@ -98,7 +117,8 @@ class BlockEvents:
 
     def held(self, tier: str) -> set[bytes]:
         with self._lock:
-            return set(self._held.get(tier, ()))
+            tracked = self._tracked.get(tier)
+            return set(tracked()) if tracked is not None else set(self._held.get(tier, ()))
 
     def subscribe(self, wake: Callable[[], None]) -> Subscription:
         """A new follower: its first ``drain`` returns the snapshot, atomically with what follows."""
@@ -119,7 +139,9 @@ class BlockEvents:
         return json.dumps({"event": "ping", "status": status})
 
     def _snapshot_lines(self) -> Iterator[str]:
-        for tier, held in self._held.items():
+        holdings: list[tuple[str, Iterable[bytes]]] = list(self._held.items())
+        holdings += [(tier, keys()) for tier, keys in self._tracked.items()]
+        for tier, held in holdings:
             keys = [k.hex() for k in held]
             for start in range(0, len(keys), LINE_BLOCKS):
                 chunk = keys[start : start + LINE_BLOCKS]

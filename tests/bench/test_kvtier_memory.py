@@ -1,5 +1,6 @@
 """The sidecar memory benchmark's plumbing: a fresh interpreter fills both lower tiers through the
-real put path and the figure is per block held (its size is the benchmark's to report)."""
+real put path, another a DRAM tier, and the figures are per block held (their size is the
+benchmark's to report)."""
 
 from __future__ import annotations
 
@@ -11,4 +12,5 @@ def test_the_memory_bench_fills_both_lower_tiers_and_reports_per_block():
     result = kvtier_memory.run(blocks=640)
     assert result["blocks_per_tier"] == 640 and result["tiers"] == ["nvme", "shared"]
     assert result["estimate_bytes_per_block"] == INDEX_BYTES_PER_BLOCK
-    assert result["within_estimate"] == (result["rss_bytes_per_block"] <= INDEX_BYTES_PER_BLOCK)
+    most = max(result["rss_bytes_per_block"], result["dram_rss_bytes_per_block"])
+    assert result["within_estimate"] == (most <= INDEX_BYTES_PER_BLOCK)

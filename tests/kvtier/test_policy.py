@@ -105,3 +105,17 @@ def test_prefix_aware_heap_stays_bounded_under_touches():
         order.touch("a", tick)
     assert len(order._heap) < 2_000
     assert order.victim() == "a"
+
+
+def test_lru_keeps_recency_within_each_priority_class():
+    order = LruOrder()
+    for tick, (key, priority) in enumerate([("a", 1), ("b", 0), ("c", 1), ("d", 0)]):
+        order.add(key, None, priority, tick, True)
+    order.touch("b", 5)
+    order.touch("a", 6)
+    order.touch("missing", 7)  # not held: nothing happens
+    victims = []
+    while (victim := order.victim()) is not None:
+        victims.append(victim)
+        order.remove(victim)
+    assert victims == ["d", "b", "c", "a"]

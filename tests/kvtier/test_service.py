@@ -149,6 +149,20 @@ def test_write_through_stores_every_tier_at_once(root):
     service.close()
 
 
+def test_a_blocks_parent_in_the_same_put_is_its_key_object_in_every_tier(root):
+    """One key object per block however many entries name it (49 bytes a block in millions)."""
+    service = make(root, write_mode="write-through", shared={"enabled": True})
+    put(service, [0, 1, 2, 3], batch=4)
+    for tier in (service.dram, service.nvme, service.shared):
+        assert tier is not None
+        held = {k: k for k in tier.index}
+        for n in (1, 2, 3):
+            entry = tier.index.get(key(n))
+            assert entry is not None and entry.parent == key(n - 1)
+            assert entry.parent is held[key(n - 1)]
+    service.close()
+
+
 def test_the_shared_volumes_janitor_keeps_every_workers_blocks_within_its_size(root):
     """Another replica filled the shared volume past its size before this sidecar started: the
     sidecar takes the janitor's lock, sweeps, and reports it; its own writes go on."""
@@ -266,6 +280,10 @@ def test_warm_restart_serves_nvme_blocks_and_drops_torn_ones(root):
     # pass through staging slots and are left to the reading client to check (verify_reads);
     # this test's reader does not check. Admitted, they make way and reads land in DRAM slots.
     assert again.wait_recovered(60)
+    assert again.nvme is not None
+    recovered = {k: k for k in again.nvme.index}
+    entry = again.nvme.index.get(key(5))
+    assert entry is not None and entry.parent is recovered[key(4)]  # the parent's own key object
     assert_torn_block_dropped(again)
     again.close()
 

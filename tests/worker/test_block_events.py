@@ -144,3 +144,22 @@ def test_a_tier_index_reports_adds_and_removals_but_not_pins():
     index.make_room()  # evicts the unpinned k(2)
     assert [(e.kind, e.blocks) for e in events_of(sub.drain())] == [("removed", (k(2),))]
     assert hub.held("dram") == {k(1)}
+
+
+def test_a_tracked_tier_is_read_from_its_index_at_each_snapshot():
+    """A sidecar's tiers: the snapshot is what the index holds when a follower subscribes, and
+    changes follow it; the hub keeps no copy of millions of keys."""
+    hub = BlockEvents()
+    index = TierIndex(4, "prefix-aware")
+    index.add(k(1), Entry(None, 0, False, 0.0))
+    index.watch(hub, "nvme")
+    index.add(k(2), Entry(k(1), 0, False, 1.0))
+    first = hub.subscribe(lambda: None)
+    assert {b for e in events_of(first.drain()) if e.kind == "snapshot" for b in e.blocks} == {k(1), k(2)}
+    index.remove(k(2))
+    index.add(k(3), Entry(k(1), 0, False, 2.0))
+    changes = [(e.kind, e.blocks) for e in events_of(first.drain())]
+    assert changes == [("removed", (k(2),)), ("stored", (k(3),))]
+    second = hub.subscribe(lambda: None)
+    assert {b for e in events_of(second.drain()) if e.kind == "snapshot" for b in e.blocks} == {k(1), k(3)}
+    assert hub.held("nvme") == {k(1), k(3)}

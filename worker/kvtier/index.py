@@ -8,7 +8,7 @@ simulation drives it directly.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,7 +30,10 @@ class Entry:
 
 
 class IndexListener(Protocol):
-    """Told of every block entering or leaving a tier (``strata.worker.block_events``)."""
+    """Told of every block entering or leaving a tier (``strata.worker.block_events``), after
+    the change; it reads what the tier holds from the index itself (``track``)."""
+
+    def track(self, tier: str, holdings: Callable[[], list[Any]]) -> None: ...
 
     def stored(self, tier: str, keys: Iterable[Any]) -> None: ...
 
@@ -63,9 +66,15 @@ class TierIndex:
         self._tier = ""
 
     def watch(self, listener: IndexListener, tier: str) -> None:
-        """Report additions and removals to ``listener`` as ``tier``, starting with what is held."""
+        """Report additions and removals to ``listener`` as ``tier``; what is held it reads
+        from here (``keys``), so that it keeps no copy of a large tier's keys."""
         self._listener, self._tier = listener, tier
-        listener.stored(tier, list(self._entries))
+        listener.track(tier, self.keys)
+
+    def keys(self) -> list[Key]:
+        """The blocks held now, taken in one step (``list`` of a dict holds the GIL throughout),
+        so another thread may call it while the index changes."""
+        return list(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)

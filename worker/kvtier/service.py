@@ -540,11 +540,15 @@ class KVTierService:
         now = time.time()
         stored: list[Block] = []
         staged: list[Block] = []
+        # A block's parent is mostly the block before it in the same put: its entries (in every
+        # tier it reaches) keep that key object rather than an equal copy, 49 bytes a block.
+        keys = {block.key: block.key for block in blocks}
         for block in blocks:
             if block.slot not in owner.reserved:
                 raise ValueError(f"blocks: slot {block.slot} is not reserved by this connection")
             owner.reserved.discard(block.slot)
-            entry = Entry(block.parent, self.config.priority, block.key in self._pinned, now, block.slot)
+            parent = keys.get(block.parent, block.parent)
+            entry = Entry(parent, self.config.priority, block.key in self._pinned, now, block.slot)
             entry.checksum = block.checksum
             if dram.is_staging(block.slot) or block.key in dram.index:
                 staged.append((block.key, entry))

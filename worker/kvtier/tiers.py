@@ -131,7 +131,10 @@ class NvmeTier:
         used = set()
         now = time.time()
         for key, record in recovered.items():
-            entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
+            # The parent's own key object where it was recovered too (not an equal copy: 49
+            # bytes a block); ``recovered`` maps each key to its record, whose key it is.
+            parent = recovered[record.parent].key if record.parent in recovered else record.parent
+            entry = Entry(parent, record.priority, False, now, record.slot, record.checksum)
             self.index.add(key, entry)
             used.add(record.slot)
         self._free = [s for s in range(store.num_slots - 1, -1, -1) if s not in used]
