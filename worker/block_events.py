@@ -34,9 +34,49 @@ PATH = "/kv/events"
 HEARTBEAT_S = 1.0
 MAX_BACKLOG = 1 << 18
 LINE_BLOCKS = 1024  # most hashes per line (~36 KB), so a follower's line buffer stays small
+# Snapshot lines a writer takes per wake-up (64k keys, ~2.3 MB): a sidecar's tiers of millions
+# of blocks are sent in pieces, not first turned into one list of lines (hundreds of MB).
+SNAPSHOT_LINES = 64
 TIERS = ("hbm", "dram", "nvme", "shared")
 
 Change = tuple[str, str, bytes]  # (stored | removed, tier, block hash)
+
+
+@dataclass
+class Snapshot:
+    """What a follower is owed first: each tier's keys as they were when it subscribed (taken
+    as a list of references, 8 bytes a key), turned into lines a few at a time as they are
+    written, so that following a tier of millions of blocks does not build all its lines at
+    once; then the ``synced`` line."""
+
+    instance: str
+    tiers: list[tuple[str, list[bytes]]]
+    _at: int = 0  # keys of the first tier already written
+
+    def lines(self, most: int) -> list[str]:
+        """Up to ``most`` lines, the ``synced`` line last once every key went out."""
+        lines: list[str] = []
+        while self.tiers and len(lines) < most:
+            tier, keys = self.tiers[0]
+            chunk = [k.hex() for k in keys[self._at : self._at + LINE_BLOCKS]]
+            self._at += LINE_BLOCKS
+            if chunk:
+                lines.append(
+                    json.dumps(
+                        {"event": "snapshot", "instance": self.instance, "tier": tier, "blocks": chunk}
+                    )
+                )
+            if self._at >= len(keys):
+                self.tiers.pop(0)
+                self._at = 0
+        if not self.tiers and len(lines) < most:
+            lines.append(json.dumps({"event": "synced", "instance": self.instance}))
+            self.instance = ""  # sent
+        return lines
+
+    @property
+    def done(self) -> bool:
+        return not self.tiers and not self.instance
 
 
 @dataclass(eq=False)
@@ -46,7 +86,7 @@ class Subscription:
 
     wake: Callable[[], None]
     limit: int = MAX_BACKLOG
-    snapshot: list[str] = field(default_factory=list)
+    snapshot: Snapshot | None = None
     overflowed: bool = False
     _changes: list[Change] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -64,10 +104,17 @@ class Subscription:
             self.wake()
 
     def drain(self) -> list[str]:
-        """The lines to write now: the snapshot first, then the changes, runs batched per line."""
+        """The lines to write now: the snapshot first (``SNAPSHOT_LINES`` a call: the writer is
+        woken again for the rest), then the changes, runs batched per line."""
         with self._lock:
-            changes, self._changes = self._changes, []
-            lines, self.snapshot = self.snapshot, []
+            lines = self.snapshot.lines(SNAPSHOT_LINES) if self.snapshot is not None else []
+            if self.snapshot is not None and not self.snapshot.done:
+                changes: list[Change] = []
+            else:
+                self.snapshot = None
+                changes, self._changes = self._changes, []
+        if self.snapshot is not None:
+            self.nudge()
         return lines + list(_batched(changes))
 
 
@@ -124,7 +171,9 @@ class BlockEvents:
         """A new follower: its first ``drain`` returns the snapshot, atomically with what follows."""
         sub = Subscription(wake)
         with self._lock:
-            sub.snapshot = list(self._snapshot_lines())
+            tiers = [(tier, list(held)) for tier, held in self._held.items()]
+            tiers += [(tier, keys()) for tier, keys in self._tracked.items()]
+            sub.snapshot = Snapshot(self.instance, tiers)
             self._subscribers.append(sub)
         sub.nudge()
         return sub
@@ -137,17 +186,6 @@ class BlockEvents:
     def ping_line(self) -> str:
         status = self.status() if self.status is not None else {}
         return json.dumps({"event": "ping", "status": status})
-
-    def _snapshot_lines(self) -> Iterator[str]:
-        holdings: list[tuple[str, Iterable[bytes]]] = list(self._held.items())
-        holdings += [(tier, keys()) for tier, keys in self._tracked.items()]
-        for tier, held in holdings:
-            keys = [k.hex() for k in held]
-            for start in range(0, len(keys), LINE_BLOCKS):
-                chunk = keys[start : start + LINE_BLOCKS]
-                line = {"event": "snapshot", "instance": self.instance, "tier": tier, "blocks": chunk}
-                yield json.dumps(line)
-        yield json.dumps({"event": "synced", "instance": self.instance})
 
 
 class Pacer:

@@ -163,3 +163,27 @@ def test_a_tracked_tier_is_read_from_its_index_at_each_snapshot():
     second = hub.subscribe(lambda: None)
     assert {b for e in events_of(second.drain()) if e.kind == "snapshot" for b in e.blocks} == {k(1), k(3)}
     assert hub.held("nvme") == {k(1), k(3)}
+
+
+def test_a_large_snapshot_goes_out_a_few_lines_at_each_wake_up(monkeypatch):
+    """Following a tier of millions of blocks builds its lines piece by piece, the writer woken
+    again for each; changes meanwhile wait behind the synced line."""
+    monkeypatch.setattr(block_events, "LINE_BLOCKS", 3)
+    monkeypatch.setattr(block_events, "SNAPSHOT_LINES", 2)
+    hub = BlockEvents()
+    hub.stored("hbm", [k(i) for i in range(10)])  # 4 lines of at most 3
+    wakes: list[int] = []
+    sub = hub.subscribe(lambda: wakes.append(1))
+    hub.stored("hbm", [k(10)])
+    pieces: list[list[block_events.Event]] = []
+    while not pieces or pieces[-1]:
+        before = len(wakes)
+        pieces.append(events_of(sub.drain()))
+        assert len(pieces) < 10
+        if pieces[-1] and pieces[-1][-1].kind == "snapshot":
+            assert len(pieces[-1]) == 2 and len(wakes) == before + 1  # woken again for the rest
+    kinds = [e.kind for piece in pieces for e in piece]
+    assert kinds == ["snapshot"] * 4 + ["synced", "stored"]
+    assert {b for piece in pieces for e in piece if e.kind == "snapshot" for b in e.blocks} == {
+        k(i) for i in range(10)
+    }
