@@ -212,6 +212,7 @@ def summary(result: dict[str, Any]) -> str:
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
         f"at 5k blocks (conversation), "
         f"{result['index_memory']['rss_bytes_per_block']} bytes of sidecar memory per block an NVMe or "
-        f"shared tier indexes, {result['index_memory']['dram_rss_bytes_per_block']} per DRAM block "
-        f"(fitted by {result['index_memory']['estimate_bytes_per_block']})"
+        f"shared tier indexes, {result['index_memory']['dram_rss_bytes_per_block']} per DRAM block, "
+        f"{result['index_memory']['nvme_restart_peak_bytes_per_block']} at the peak of an NVMe tier's "
+        f"restart (fitted by {result['index_memory']['estimate_bytes_per_block']})"
     )

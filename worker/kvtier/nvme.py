@@ -40,7 +40,7 @@ OP_PUT, OP_DEL = 1, 2
 FORMAT_VERSION = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a restart holds one a block while it rebuilds the index
 class Record:
     key: bytes
     parent: bytes
@@ -67,27 +67,62 @@ def encode(op: int, record: Record) -> bytes:
 
 def decode_log(data: bytes) -> tuple[dict[bytes, Record], int]:
     """Live records after replaying ``data``, and the length of its intact prefix."""
-    live: dict[bytes, Record] = {}
-    by_slot: dict[int, bytes] = {}
-    offset = 0
-    while offset + RECORD_BYTES <= len(data):
-        body = data[offset : offset + _RECORD.size]
-        (crc,) = _CRC.unpack_from(data, offset + _RECORD.size)
-        if zlib.crc32(body) != crc:
-            break
-        op, key, parent, slot, priority, block_crc = _RECORD.unpack(body)
+    replay = LogReplay()
+    replay.feed(data)
+    return replay.finish(), replay.intact
+
+
+class LogReplay:
+    """Replays the index log fed in pieces (a log may hold four times the live blocks: it is
+    not read whole). ``live``: the live records, in the order of their last put. ``intact``:
+    the length of the log's intact prefix; nothing after a torn record counts."""
+
+    def __init__(self) -> None:
+        self.live: dict[bytes, Record] = {}
+        self._by_slot: dict[int, bytes] = {}
+        self.intact = 0
+        self._torn = False
+
+    def feed(self, data: bytes) -> None:
+        """The next piece of the log, whole records only (``RECORD_BYTES`` each)."""
+        offset = 0
+        while not self._torn and offset + RECORD_BYTES <= len(data):
+            body = data[offset : offset + _RECORD.size]
+            (crc,) = _CRC.unpack_from(data, offset + _RECORD.size)
+            if zlib.crc32(body) != crc:
+                self._torn = True
+                break
+            self._apply(*_RECORD.unpack(body))
+            offset += RECORD_BYTES
+            self.intact += RECORD_BYTES
+        self._torn = self._torn or offset < len(data)  # a piece ending mid-record: the tail
+
+    def finish(self) -> dict[bytes, Record]:
+        """The live records, each parent the key object of its parent's record where that is
+        live (not an equal copy: 49 bytes a block the index would hold). A batch's child may
+        be logged before its parent, so this is done once the whole log is read."""
+        live = self.live
+        for key, record in live.items():
+            held = live.get(record.parent)
+            if held is not None and held.key is not record.parent:
+                live[key] = dataclasses.replace(record, parent=held.key)
+        return live
+
+    def _apply(self, op: int, key: bytes, parent: bytes, slot: int, priority: int, block_crc: int) -> None:
+        live, by_slot = self.live, self._by_slot
         if op == OP_PUT:
             previous = by_slot.get(slot)
             if previous is not None:
                 live.pop(previous, None)
             if key in live:
-                by_slot.pop(live[key].slot, None)
+                by_slot.pop(live.pop(key).slot, None)
             live[key] = Record(key, parent, slot, priority, block_crc)
             by_slot[slot] = key
         elif op == OP_DEL and key in live:
             by_slot.pop(live.pop(key).slot, None)
-        offset += RECORD_BYTES
-    return live, offset
+
+
+LOG_READ_RECORDS = 1 << 16  # records read at a time on replay (3.4 MB)
 
 
 class NvmeStore:
@@ -131,8 +166,13 @@ class NvmeStore:
         otherwise an empty index. Either way the log is rewritten compactly."""
         live: dict[bytes, Record] = {}
         if persistent and self._meta_matches():
-            live, _ = decode_log(self._log_path.read_bytes())
-            live = {k: r for k, r in live.items() if r.slot < self.num_slots}
+            replay = LogReplay()
+            with open(self._log_path, "rb") as log_file:
+                while piece := log_file.read(LOG_READ_RECORDS * RECORD_BYTES):
+                    replay.feed(piece)
+            live = replay.finish()
+            for key in [k for k, r in live.items() if r.slot >= self.num_slots]:
+                del live[key]
         self._rewrite_log(live.values())
         self._meta_path.write_text(json.dumps(self._meta()))
         return live

@@ -128,18 +128,17 @@ class NvmeTier:
         self.store = store
         self.index = TierIndex(store.num_slots, eviction, admission, expires)
         recovered = store.recover(persistent)
-        used = set()
-        now = time.time()
-        for key, record in recovered.items():
-            # The parent's own key object where it was recovered too (not an equal copy: 49
-            # bytes a block); ``recovered`` maps each key to its record, whose key it is.
-            parent = recovered[record.parent].key if record.parent in recovered else record.parent
-            entry = Entry(parent, record.priority, False, now, record.slot, record.checksum)
-            self.index.add(key, entry)
-            used.add(record.slot)
-        self._free = [s for s in range(store.num_slots - 1, -1, -1) if s not in used]
-        if recovered:
-            log.info("nvme: recovered %d blocks", len(recovered))
+        count, now = len(recovered), time.time()
+        used = bytearray(store.num_slots)
+        # Oldest first (the log's order: the first to go again), each record let go as its
+        # entry is made, so that a restart holds little more than the index it builds.
+        for key in list(recovered):
+            r = recovered.pop(key)
+            self.index.add(key, Entry(r.parent, r.priority, False, now, r.slot, r.checksum))
+            used[r.slot] = 1
+        self._free = [s for s in range(store.num_slots - 1, -1, -1) if not used[s]]
+        if count:
+            log.info("nvme: recovered %d blocks", count)
 
     def take_slot(self) -> int | None:
         return self._free.pop() if self._free else None
