@@ -70,18 +70,30 @@ def test_log_replay_stops_at_a_corrupt_record():
     assert set(live) == {(1).to_bytes(16, "big")}
 
 
-def test_log_replay_fed_in_pieces_equals_the_whole_and_cuts_the_torn_tail_once():
+@pytest.mark.parametrize("piece", [1, 40, RECORD_BYTES, 3 * RECORD_BYTES + 7])
+def test_log_replay_fed_in_pieces_equals_the_whole(piece):
+    """Pieces of any length, a record split between two of them included."""
     data = b"x" * SLOT
     log = b"".join(encode(1, record(n, n % 5, data)) for n in range(12)) + encode(2, record(11, 1, b""))
-    whole, intact = decode_log(log + encode(1, record(20, 0, data))[:-1])
+    log += encode(1, record(20, 0, data))[:-1]  # the log ends within a record: not counted
+    whole, intact = decode_log(log)
     replay = LogReplay()
-    for start in range(0, len(log), 3 * RECORD_BYTES):
-        replay.feed(log[start : start + 3 * RECORD_BYTES])
-    replay.feed(encode(1, record(20, 0, data))[:-1])
-    replay.feed(encode(1, record(21, 2, data)))  # after a torn record: never applied
+    for start in range(0, len(log), piece):
+        replay.feed(log[start : start + piece])
     assert replay.finish() == whole and list(replay.live) == list(whole)
     assert replay.intact == intact == 13 * RECORD_BYTES
     assert sorted(int.from_bytes(k, "big") for k in whole) == [7, 8, 9, 10]
+
+
+def test_log_replay_applies_nothing_after_a_damaged_record():
+    data = b"x" * SLOT
+    bad = bytearray(encode(1, record(2, 1, data)))
+    bad[3] ^= 1
+    replay = LogReplay()
+    replay.feed(encode(1, record(1, 0, data)) + bytes(bad)[:10])
+    replay.feed(bytes(bad)[10:])
+    replay.feed(encode(1, record(3, 2, data)))
+    assert set(replay.finish()) == {(1).to_bytes(16, "big")} and replay.intact == RECORD_BYTES
 
 
 def test_log_replay_gives_each_parent_its_parents_own_key_object():

@@ -75,27 +75,33 @@ def decode_log(data: bytes) -> tuple[dict[bytes, Record], int]:
 class LogReplay:
     """Replays the index log fed in pieces (a log may hold four times the live blocks: it is
     not read whole). ``live``: the live records, in the order of their last put. ``intact``:
-    the length of the log's intact prefix; nothing after a torn record counts."""
+    the length of the log's intact prefix; nothing after a torn record counts, nor a record
+    the log ends within."""
 
     def __init__(self) -> None:
         self.live: dict[bytes, Record] = {}
         self._by_slot: dict[int, bytes] = {}
         self.intact = 0
         self._torn = False
+        self._tail = b""  # the start of a record the last piece ended within
 
     def feed(self, data: bytes) -> None:
-        """The next piece of the log, whole records only (``RECORD_BYTES`` each)."""
+        """The next piece of the log (of any length: a record may span two pieces)."""
+        if self._torn:
+            return
+        if self._tail:
+            data, self._tail = self._tail + data, b""
         offset = 0
-        while not self._torn and offset + RECORD_BYTES <= len(data):
+        while offset + RECORD_BYTES <= len(data):
             body = data[offset : offset + _RECORD.size]
             (crc,) = _CRC.unpack_from(data, offset + _RECORD.size)
             if zlib.crc32(body) != crc:
                 self._torn = True
-                break
+                return
             self._apply(*_RECORD.unpack(body))
             offset += RECORD_BYTES
             self.intact += RECORD_BYTES
-        self._torn = self._torn or offset < len(data)  # a piece ending mid-record: the tail
+        self._tail = data[offset:]
 
     def finish(self) -> dict[bytes, Record]:
         """The live records, each parent the key object of its parent's record where that is
@@ -122,7 +128,7 @@ class LogReplay:
             by_slot.pop(live.pop(key).slot, None)
 
 
-LOG_READ_RECORDS = 1 << 16  # records read at a time on replay (3.4 MB)
+LOG_READ_RECORDS = 1 << 16  # records read at a time on replay (3.5 MB)
 
 
 class NvmeStore:
