@@ -51,10 +51,9 @@ ROUTER_PORT = 8000  # the router pods' own IPs: the same port the clients always
 # The KV-tier sidecar's memory beside the DRAM tier's and the staging slots' pages: the
 # interpreter, connections, and the admission policies' sketches (at most 64 MiB each).
 SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
-# Its NVMe and shared tiers' indexes take 768 bytes a block (INDEX_BYTES_PER_BLOCK): 1 KiB for
-# each MiB covers blocks of 768 KiB or more (an 8B model's are 2 MiB at 16 tokens a block, a 7B
-# model's 0.9 MiB; 1 TiB of lower tiers gets 1 GiB). With smaller blocks the sidecar fits those
-# tiers within its memory and says so (worker/kvtier/budget.py).
+# Its NVMe and shared tiers' indexes take about 1 KiB a block: this covers blocks of 1 MiB or more
+# (an 8B model's are 2 MiB at 16 tokens a block; 1 TiB of lower tiers gets 1 GiB). With smaller
+# blocks the sidecar fits those tiers within its memory and says so (worker/kvtier/budget.py).
 LOWER_TIER_BYTES_PER_INDEX_BYTE = 1024
 
 REASON_INVALID_SPEC = "InvalidSpec"

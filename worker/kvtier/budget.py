@@ -30,11 +30,11 @@ from strata.worker.kvtier.arena import slot_bytes_for
 from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 # What one held block costs the sidecar: its index entry and its place in the eviction order (up
-# to twice, stale heap entries included). Measured (`python -m bench kvtier`: `index_memory`,
-# which checks each against this): 430 bytes an NVMe or shared block, 610 a DRAM one, and at the
-# peak of a restart 610 an NVMe block (its log's records let go as the index is built from
-# them; 890 when they were all held to the end) and 530 a DRAM one. A quarter above the most.
-INDEX_BYTES_PER_BLOCK = 768
+# to twice, stale heap entries included). Measured in RSS (`python -m bench kvtier`:
+# `index_memory`, which checks each against this): 430 bytes an NVMe or shared block, 610 a DRAM
+# one, and at the peak of a restart 640-770 (an NVMe tier rebuilt from its log, 20,000 to a
+# million blocks; a DRAM tier verified). Those peaks leave 768 too little room: kept at 1,024.
+INDEX_BYTES_PER_BLOCK = 1024
 # The interpreter and its modules (24 MiB measured), threads, the connections' buffers.
 BASE_BYTES = 128 << 20
 TABLE_BYTES_PER_SLOT = 64  # the DRAM slot table's record per slot, beside the slots (slottable)
