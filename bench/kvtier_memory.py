@@ -162,10 +162,11 @@ def nvme_restart(root: Path, blocks: int) -> dict[str, Any]:
     from strata.worker.kvtier.nvme import NvmeStore
     from strata.worker.kvtier.tiers import NvmeTier
 
-    nvme = config(root, blocks, dram=False).nvme
+    cfg = config(root, blocks, dram=False)
+    nvme, expires = cfg.nvme, cfg.retention_s is not None  # as the service builds it
     store = NvmeStore(nvme.path, slot_bytes_for(BLOCK_BYTES), BLOCK_BYTES, blocks, nvme.io_threads)
     with AnonPeak() as rss:
-        tier = NvmeTier(store, nvme.persistent, nvme.eviction, nvme.admission)
+        tier = NvmeTier(store, nvme.persistent, nvme.eviction, nvme.admission, expires)
     found = len(tier.index)
     store.close()
     return {"peak": rss.rss_peak, "held": rss.end - rss.start, "blocks": found}

@@ -72,6 +72,10 @@ def test_recovery_order_is_oldest_first_and_keeps_a_keys_newest_record():
     kept, dropped = slottable.recovery_order(records)
     assert [(r.slot, r.seq) for r in kept] == [(1, 2), (3, 7), (2, 9)]
     assert [r.slot for r in dropped] == [0]
+    # Each parent that is recovered too is its record's own key object, not an equal copy
+    # (49 bytes a block in the DRAM index the recovery pass builds from them).
+    assert kept[0].parent is kept[2].key and kept[1].parent is kept[0].key
+    assert kept[2].parent == key(0)  # not recovered: as recorded
 
 
 def test_table_keeps_records_across_opens_only_under_the_same_layout(tmp_path):

@@ -32,8 +32,8 @@ from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 # What one held block costs the sidecar: its index entry and its place in the eviction order (up
 # to twice, stale heap entries included). Measured in RSS (`python -m bench kvtier`:
 # `index_memory`, which checks each against this): 430 bytes an NVMe or shared block, 610 a DRAM
-# one, and at the peak of a restart 640-770 (an NVMe tier rebuilt from its log, 20,000 to a
-# million blocks; a DRAM tier verified). Those peaks leave 768 too little room: kept at 1,024.
+# one, and at the peak of a restart 580-660 an NVMe block (a tier rebuilt from its log, 20,000 to
+# a million blocks) and 650 a DRAM block at 20,000 but 1,020 at 120,000 (docs/kvtier.md, Memory).
 INDEX_BYTES_PER_BLOCK = 1024
 # The interpreter and its modules (24 MiB measured), threads, the connections' buffers.
 BASE_BYTES = 128 << 20

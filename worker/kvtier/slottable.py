@@ -71,7 +71,7 @@ class Layout:
     arena_inode: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # a restart holds one a DRAM block until its recovery pass verifies it
 class SlotRecord:
     slot: int
     key: bytes
@@ -138,6 +138,10 @@ def recovery_order(records: Iterable[SlotRecord]) -> tuple[list[SlotRecord], lis
         if record.key in newest:
             dropped.append(newest.pop(record.key))  # re-entered below, at its newer place
         newest[record.key] = record
+    for record in newest.values():  # each parent its parent's key object (49 bytes a block)
+        parent = newest.get(record.parent)
+        if parent is not None:
+            record.parent = parent.key
     return list(newest.values()), dropped
 
 
