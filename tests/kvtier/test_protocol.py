@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from strata.worker import logs
-from strata.worker.kvtier import cli, protocol
+from strata.worker.kvtier import allocator, cli, protocol
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.server import handle
 from strata.worker.kvtier.service import KVTierService, Owner
@@ -88,12 +88,20 @@ def cli_logging() -> Iterator[None]:
     root.setLevel(level)
 
 
-def test_cli_rejects_a_bad_config(root, capsys, cli_logging):
+def test_cli_rejects_a_bad_config(root, capsys, cli_logging, monkeypatch):
+    fixed: list[bool] = []
+
+    def fix() -> bool:
+        fixed.append(True)
+        return True
+
+    monkeypatch.setattr(allocator, "fix_thresholds", fix)
     path = root / "worker.yaml"
     path.write_text("model: {name: m, path: /m}\nkvtier: {dram: {capacity_bytes: -5}}\n")
     assert cli.main(["serve", "--config", str(path)]) == 2
     assert "capacity_bytes" in capsys.readouterr().err
     assert cli.main(["serve", "--config", str(root / "missing.yaml")]) == 2
+    assert fixed == [True, True]  # the allocator's thresholds, first of all (allocator.py)
 
 
 def test_cli_reports_start_up_failures(root, capsys, cli_logging):

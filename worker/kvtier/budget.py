@@ -31,9 +31,10 @@ from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 # What one held block costs the sidecar: its index entry and its place in the eviction order (up
 # to twice, stale heap entries included). Measured in RSS (`python -m bench kvtier`:
-# `index_memory`, which checks each against this): 430 bytes an NVMe or shared block, 610 a DRAM
-# one, and at the peak of a restart 580-660 an NVMe block (a tier rebuilt from its log, 20,000 to
-# a million blocks) and 650 a DRAM block at 20,000 but 1,020 at 120,000 (docs/kvtier.md, Memory).
+# `index_memory`, which checks each against this): 400 bytes an NVMe or shared block, 610 a DRAM
+# one, and at the peak of a restart up to 600 an NVMe block (a tier rebuilt from its log, 20,000
+# to 500,000 blocks) and 660 a DRAM one, all under the premium tier's policies; an LRU order or a
+# recency list (retention) may cost more and is not measured: docs/kvtier.md, Memory and Limits.
 INDEX_BYTES_PER_BLOCK = 1024
 # The interpreter and its modules (24 MiB measured), threads, the connections' buffers.
 BASE_BYTES = 128 << 20

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from strata.worker import logs
 from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
+from strata.worker.kvtier import allocator
 
 if TYPE_CHECKING:
     from strata.worker.kvtier.server import Sidecar
@@ -50,6 +51,7 @@ def main(argv: list[str]) -> int:
     if args.command == "build-native":
         return build_native()
     logs.setup(args.log_level)
+    allocator.fix_thresholds()  # before the indexes are built: see allocator.py
     try:
         config = WorkerConfig.load(args.config)
     except (OSError, ValueError, ValidationError) as err:
