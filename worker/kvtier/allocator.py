@@ -9,7 +9,9 @@ growth frees the smaller table: restarted on 120,000 DRAM blocks it held 1,019 b
 RSS where its Python objects took about 610; with the thresholds fixed at glibc's default,
 659 (``python -m bench kvtier``: ``index_memory``). Fixed thresholds cost an ``mmap`` and a
 ``munmap`` for each large request, which the sidecar makes rarely (a router's snapshot of the
-keys, the admission state's copies), not for each block: its blocks live in shared memory.
+keys, the admission state's copies), not for each block: its blocks live in shared memory. The
+bandwidth benchmark's tier paths, three pairs with and without, differed by no more than runs
+of either differ among themselves.
 
 Elsewhere (musl, macOS) there is nothing to set and nothing is done.
 """
