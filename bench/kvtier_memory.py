@@ -31,7 +31,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from strata.worker.kvtier import allocator
 from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK
 
 BLOCKS = 20_000
@@ -116,7 +115,6 @@ def fill(root: Path, blocks: int, dram: bool = False, filled: int | None = None)
     """In this process: the service with room for ``blocks`` given ``filled`` (all unless
     said), its RSS before and after (call in a fresh one). A DRAM block's slot is shared
     memory, not counted: only its index is."""
-    allocator.fix_thresholds()  # as the sidecar does at its start
     from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
 
     service = KVTierService(config(root, blocks, dram), staging_slots=CHAIN)
@@ -145,7 +143,6 @@ def fill(root: Path, blocks: int, dram: bool = False, filled: int | None = None)
 def restart(root: Path, blocks: int, dram: bool = False) -> dict[str, Any]:
     """In this process (a fresh one): a sidecar restarted on what ``fill`` left in ``root``, and
     its anonymous RSS grown, at the most until its DRAM blocks were verified."""
-    allocator.fix_thresholds()  # as the sidecar does at its start
     from strata.worker.kvtier.service import KVTierService
 
     with AnonPeak() as rss:
@@ -161,7 +158,6 @@ def restart(root: Path, blocks: int, dram: bool = False) -> dict[str, Any]:
 def nvme_restart(root: Path, blocks: int) -> dict[str, Any]:
     """In this process (a fresh one): the NVMe tier ``fill`` left in ``root`` rebuilt from its
     log, and the anonymous RSS that grew, at the most and after."""
-    allocator.fix_thresholds()  # as the sidecar does at its start
     from strata.worker.kvtier.arena import slot_bytes_for
     from strata.worker.kvtier.nvme import NvmeStore
     from strata.worker.kvtier.tiers import NvmeTier
@@ -237,7 +233,11 @@ def _check(lower: dict[str, Any], in_dram: dict[str, Any], blocks: int) -> None:
 
 def _fresh(call: str) -> dict[str, Any]:
     """``call`` (of this module's functions) in a fresh interpreter: nothing else loaded."""
-    code = f"import json, pathlib; from bench.kvtier_memory import *; print(json.dumps({call}))"
+    # The allocator's thresholds fixed first, as the sidecar does at its start.
+    code = (
+        "from strata.worker.kvtier import allocator; allocator.fix_thresholds(); "
+        f"import json, pathlib; from bench.kvtier_memory import *; print(json.dumps({call}))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=1800
     )

@@ -40,7 +40,7 @@ OP_PUT, OP_DEL = 1, 2
 FORMAT_VERSION = 2
 
 
-@dataclass(frozen=True, slots=True)  # a restart holds one a block while it rebuilds the index
+@dataclass(slots=True)  # a restart holds one a block while it rebuilds the index
 class Record:
     key: bytes
     parent: bytes
@@ -108,10 +108,10 @@ class LogReplay:
         live (not an equal copy: 49 bytes a block the index would hold). A batch's child may
         be logged before its parent, so this is done once the whole log is read."""
         live = self.live
-        for key, record in live.items():
+        for record in live.values():
             held = live.get(record.parent)
-            if held is not None and held.key is not record.parent:
-                live[key] = dataclasses.replace(record, parent=held.key)
+            if held is not None:
+                record.parent = held.key
         return live
 
     def _apply(self, op: int, key: bytes, parent: bytes, slot: int, priority: int, block_crc: int) -> None:
