@@ -211,6 +211,7 @@ def summary(result: dict[str, Any]) -> str:
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
         f"at 5k blocks (conversation), "
+        "the most over the eviction orders, with and without retention: "
         f"{result['index_memory']['rss_bytes_per_block']} bytes of sidecar memory per block an NVMe or "
         f"shared tier indexes, {result['index_memory']['dram_rss_bytes_per_block']} per DRAM block, "
         f"{result['index_memory']['nvme_restart_peak_bytes_per_block']} at the peak of an NVMe tier's "
