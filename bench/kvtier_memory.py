@@ -5,8 +5,8 @@ A fresh interpreter (nothing else loaded) builds the sidecar's service with an N
 tier of ``blocks`` blocks each (adaptive admission, write-through), saves ``blocks`` blocks in
 chains of 32 through the real reserve and put path, reserves them all again (each a touch: the
 prefix-aware order's heap takes stale entries), and reports its anonymous RSS grown per block
-per tier; then the same in a fresh one for a DRAM tier of as many blocks. Blocks of 4 KiB, so the tiers' files stay
-small; the index does not depend on the block size.
+per tier; then the same in a fresh one for a DRAM tier of as many blocks. Blocks of 4 KiB, so
+the tiers' files stay small; the index does not depend on the block size.
 
 A restart needs more for a moment than it holds after (the NVMe log's records beside the index
 built from them), so each is restarted too, in a fresh interpreter, measured in RSS
