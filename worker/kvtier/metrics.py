@@ -62,6 +62,17 @@ class TierMetrics:
         self.recovered_blocks = counter(
             "recovered_blocks", "Blocks found again at start (warm restart) and verified."
         )
+        self._movement(counter, gauge)
+        self._lookahead(r)
+
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(_PREFIX + name, doc, ["tier"], buckets=_LATENCY_BUCKETS, registry=r)
+
+        self.read_seconds = latency("read_seconds", "Latency of a batch read.")
+        self.write_seconds = latency("write_seconds", "Latency of a batch write.")
+
+    def _movement(self, counter: Callable[[str, str], Counter], gauge: Callable[[str, str], Gauge]) -> None:
+        """Prefetch, admission, I/O errors and the shared volume's janitor, by tier."""
         self.prefetched = counter(
             "prefetched",
             "Blocks moved up to DRAM ahead of a request (look-ahead and prefetch hints), by the tier "
@@ -92,13 +103,6 @@ class TierMetrics:
             "Files the shared volume's janitor removed: least recently used blocks above the "
             "volume's size, and temporary files their writers left.",
         )
-        self._lookahead(r)
-
-        def latency(name: str, doc: str) -> Histogram:
-            return Histogram(_PREFIX + name, doc, ["tier"], buckets=_LATENCY_BUCKETS, registry=r)
-
-        self.read_seconds = latency("read_seconds", "Latency of a batch read.")
-        self.write_seconds = latency("write_seconds", "Latency of a batch write.")
 
     def _lookahead(self, r: CollectorRegistry) -> None:
         """The look-ahead's series, by ``source``; both sources' exist from the start, at 0."""
