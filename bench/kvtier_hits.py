@@ -33,10 +33,14 @@ ROWS: dict[str, Row] = {
     # Not a policy: the ceiling of any eviction order behind the doorkeeper (Belady's eviction,
     # doorkeeper admission), which shows how much of the gap is admission's.
     "doorkeeper+optimal-eviction": lambda trace, c: simulate.optimal_hit_ratio(trace, c, doorkeeper=True),
-    # Nor this: the same with the look-ahead's blocks admitted too, the ceiling of any policy
-    # that admits a first sighting only when a queued request announced it.
+    # Nor this: the same with the look-ahead's blocks admitted too.
     "doorkeeper+lookahead+optimal-eviction": lambda trace, c: simulate.optimal_hit_ratio(
         trace, c, doorkeeper=True, lookahead=LOOKAHEAD
+    ),
+    # Nor this: the same remembering every sighting (the doorkeeper's sketch forgets), the
+    # ceiling of any policy that admits a first sighting only when a queued request announced it.
+    "seen-before+lookahead+optimal-eviction": lambda trace, c: simulate.optimal_hit_ratio(
+        trace, c, doorkeeper=True, lookahead=LOOKAHEAD, remember_all=True
     ),
 }
 PEERS = ("lru", "prefix-aware", "tail-first", "lfu", "s3-fifo")  # prefix-aware = SGLang's leaf-LRU
@@ -82,6 +86,9 @@ def checks(ratios: dict[str, dict[str, dict[str, float]]], sweep: dict[str, floa
         )
         out["doorkeeper_lookahead_ceiling_share_of_optimal_conversation_5k"] = round(
             conversation["doorkeeper+lookahead+optimal-eviction"]["5000"] / optimum, 3
+        )
+        out["seen_before_lookahead_ceiling_share_of_optimal_conversation_5k"] = round(
+            conversation["seen-before+lookahead+optimal-eviction"]["5000"] / optimum, 3
         )
         out["lookahead_depth_sweep_share_of_optimal_conversation_5k"] = {
             depth: round(r / optimum, 3) for depth, r in sweep.items()

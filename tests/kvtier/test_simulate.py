@@ -48,6 +48,8 @@ def test_optimal_bounds_online_policies_on_random_chains():
             assert hit_ratio(trace, capacity, eviction, "doorkeeper") <= ceiling + 1e-12
         with_queue = optimal_hit_ratio(trace, capacity, doorkeeper=True, lookahead=4)
         assert ceiling <= with_queue <= best
+        remembering = optimal_hit_ratio(trace, capacity, doorkeeper=True, lookahead=4, remember_all=True)
+        assert with_queue <= remembering <= best
         for eviction in ("lru", "prefix-aware"):
             assert hit_ratio(trace, capacity, eviction, "doorkeeper", lookahead=4) <= with_queue + 1e-12
 
@@ -56,6 +58,15 @@ def test_doorkeeper_ceiling_admits_on_the_second_sighting():
     trace = [[1, 2], [1, 2], [1, 2]]
     assert optimal_hit_ratio(trace, 10) == pytest.approx(4 / 6)
     assert optimal_hit_ratio(trace, 10, doorkeeper=True) == pytest.approx(2 / 6)
+
+
+def test_remembering_every_sighting_admits_what_the_sketch_forgot():
+    # The doorkeeper of a 1-block tier remembers about 16 sightings: block 1, seen again after
+    # 64 others, is a first sighting to it and never enters; a set remembers it, and its third
+    # request hits.
+    trace = [[1], *([[k] for k in range(100, 164)]), [1], [1]]
+    assert optimal_hit_ratio(trace, 1, doorkeeper=True) == 0
+    assert optimal_hit_ratio(trace, 1, doorkeeper=True, remember_all=True) == pytest.approx(1 / len(trace))
 
 
 def test_lookahead_ceiling_also_admits_what_a_queued_request_announced():

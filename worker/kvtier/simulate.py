@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 from strata.worker.kvtier.admission import Doorkeeper
@@ -132,7 +132,11 @@ def next_uses(trace: Sequence[Sequence[int]]) -> list[list[float]]:
 
 
 def optimal_hit_ratio(
-    trace: Sequence[Sequence[int]], capacity: int, doorkeeper: bool = False, lookahead: int = 0
+    trace: Sequence[Sequence[int]],
+    capacity: int,
+    doorkeeper: bool = False,
+    lookahead: int = 0,
+    remember_all: bool = False,
 ) -> float:
     """Belady's offline optimum with prefix hits: evict the farthest next use; among equal next
     uses the deeper block first, since its prefix is needed for it to be of any use.
@@ -140,9 +144,11 @@ def optimal_hit_ratio(
     With ``doorkeeper`` a block enters only as the doorkeeper admission would let it (on its
     second sighting): the ceiling of every eviction order behind that admission rule. With
     ``lookahead`` too, a block one of the next ``lookahead`` requests asks for also enters (the
-    queue announced it): the ceiling of every policy that admits no first sighting blindly."""
+    queue announced it). The doorkeeper's sketch forgets sightings older than about
+    ``DOORKEEPER_WINDOW`` capacities; with ``remember_all`` it remembers every one instead
+    (exactly): the ceiling of every policy that admits no first sighting blindly."""
     uses = next_uses(trace)
-    door = Doorkeeper(capacity) if doorkeeper else None
+    seen = _seen_before(capacity, remember_all) if doorkeeper else None
     cached: dict[int, tuple[float, int]] = {}
     heap: list[tuple[float, int, int]] = []  # (-next use, -position, key); stale ones skipped
     hits = total = 0
@@ -150,12 +156,28 @@ def optimal_hit_ratio(
         hits += next((p for p, k in enumerate(chain) if k not in cached), len(chain))
         total += len(chain)
         for position, key in enumerate(chain):
-            seen = door is None or door.sketch.increment(key) > 0
-            if seen or key in cached or uses[i][position] - i <= lookahead:
+            admitted = seen is None or seen(key)
+            if admitted or key in cached or uses[i][position] - i <= lookahead:
                 cached[key] = stamp = (uses[i][position], position)
                 heapq.heappush(heap, (-stamp[0], -position, key))
         heap = _evict_farthest(cached, heap, capacity)
     return hits / total if total else 0.0
+
+
+def _seen_before(capacity: int, remember_all: bool) -> Callable[[int], bool]:
+    """Whether a block was seen before, counting this sighting: by the doorkeeper's sketch, or
+    by a set of every block seen."""
+    if not remember_all:
+        sketch = Doorkeeper(capacity).sketch
+        return lambda key: sketch.increment(key) > 0
+    seen: set[int] = set()
+
+    def remembered(key: int) -> bool:
+        before = key in seen
+        seen.add(key)
+        return before
+
+    return remembered
 
 
 def _evict_farthest(
