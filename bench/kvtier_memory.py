@@ -43,18 +43,32 @@ CHAIN = 32
 class Policy(NamedTuple):
     """What a ServiceTier chooses that changes the index's size a block: the eviction order
     (prefix-aware keeps a tree node and heap entries a block, LRU a linked entry) and whether
-    blocks expire (``retention_s``: a recency list beside the order)."""
+    blocks expire (``retention_s``: a recency list beside the order); and what the load does to
+    it: requests of ``chain`` blocks (the prefix-aware order's heap holds only leaves: one a
+    chain), each block touched ``touches`` times after its put (each touch of a leaf leaves a
+    stale heap entry, until the heap is compacted at twice the blocks held)."""
 
     eviction: str
     retention_s: float | None
+    chain: int = CHAIN
+    touches: int = 1
 
     @property
     def name(self) -> str:
-        return self.eviction + ("+retention" if self.retention_s is not None else "")
+        name = self.eviction + ("+retention" if self.retention_s is not None else "")
+        if (self.chain, self.touches) != (CHAIN, 1):
+            name += f"+chains of {self.chain}, {self.touches} touches"
+        return name
 
 
 PREMIUM = Policy("prefix-aware", None)
-POLICIES = (PREMIUM, Policy("lru", None), Policy("prefix-aware", 3600.0), Policy("lru", 3600.0))
+POLICIES = (
+    PREMIUM,
+    Policy("lru", None),
+    Policy("prefix-aware", 3600.0),
+    Policy("lru", 3600.0),
+    Policy("prefix-aware", 3600.0, chain=1, touches=5),  # every block a leaf, touched over and over
+)
 FIGURES = ("rss", "dram_rss", "nvme_restart_peak", "nvme_restart_held", "dram_restart_peak")
 
 
@@ -150,15 +164,16 @@ def fill(
         owner, numbers = Owner(), range(start, start + CHAIN)
         slots = service.reserve(owner, [key(n) for n in numbers])
         puts = [
-            PutBlock(key(n), key(n - 1) if n > start else b"\xff" * 16, slot)
+            PutBlock(key(n), key(n - 1) if (n - start) % policy.chain else b"\xff" * 16, slot)
             for n, slot in zip(numbers, slots, strict=True)
             if slot is not None
         ]
         service.put(owner, puts)
-    for start in range(0, filled, CHAIN):  # touch every block once more
-        owner = Owner()
-        service.reserve(owner, [key(n) for n in range(start, start + CHAIN)])
-        service.drop_owner(owner)
+    for _ in range(policy.touches):  # touch every block again
+        for start in range(0, filled, CHAIN):
+            owner = Owner()
+            service.reserve(owner, [key(n) for n in range(start, start + CHAIN)])
+            service.drop_owner(owner)
     after = status_bytes("RssAnon")
     stats = service.stats()["tiers"]
     service.close()

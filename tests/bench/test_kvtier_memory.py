@@ -29,3 +29,6 @@ def test_a_policy_reaches_the_tiers_it_is_measured_under(tmp_path):
     cfg = kvtier_memory.config(tmp_path, 64, dram=True, policy=kvtier_memory.Policy("lru", 60.0))
     assert (cfg.dram.eviction, cfg.nvme.eviction, cfg.retention_s) == ("lru", "lru", 60.0)
     assert kvtier_memory.Policy("prefix-aware", None).name == "prefix-aware"
+    leaves = kvtier_memory.Policy("prefix-aware", 60.0, chain=1, touches=5)
+    assert leaves.name == "prefix-aware+retention+chains of 1, 5 touches"
+    assert eval(repr(leaves), vars(kvtier_memory)) == leaves  # as _fresh passes it on
