@@ -558,9 +558,10 @@ class _Capacity(ApiModel):
     )
     admission: AdmissionPolicy = Field(
         "always",
-        description="Which blocks may enter the tier: `always`; `doorkeeper`: only a block seen before "
-        "(recently, by a bounded frequency sketch), so one-use blocks do not push out reused ones; "
-        "`adaptive`: whichever of the two is winning at this capacity and load, learned from ghost hits.",
+        description="Which blocks may enter the tier once it is full (until then every block does): "
+        "`always`; `doorkeeper`: only a block seen before (recently, by a bounded frequency sketch), so "
+        "one-use blocks do not push out reused ones; `adaptive`: whichever of the two is winning at this "
+        "capacity and load, learned from ghost hits.",
     )
 
     @model_validator(mode="after")

@@ -132,11 +132,24 @@ def test_expected_blocks_are_never_evicted_until_unexpected(eviction):
 
 def test_expected_blocks_are_always_admitted_and_arrive_protected():
     index = TierIndex(1, "lru", "doorkeeper")
+    index.add("held", entry())  # full: admission decides
     assert not index.admits("new", None)  # first sighting
     index.expect(["later"])
     assert index.admits("later", None)  # first sighting, but a queued request needs it
+    index.make_room(1)
     index.add("later", entry())
     assert index.make_room(1) == []
+
+
+def test_a_tier_with_room_admits_every_block():
+    index = TierIndex(2, "lru", "doorkeeper")
+    assert index.admits("first", None)  # a first sighting, but refusing it would evict nothing
+    index.add("first", entry())
+    assert index.admits("second", None)
+    index.add("second", entry())
+    assert not index.admits("third", None)  # full: the doorkeeper decides
+    assert (index.admitted, index.refused) == (2, 1)
+    assert index.admits("third", None)  # its second sighting
 
 
 def test_expected_blocks_do_not_expire():

@@ -118,7 +118,7 @@ def test_sidecar_hits_equal_the_simulation(root, start_sidecar, eviction, admiss
 def test_the_admission_policies_differ_on_the_slice():
     """So that the equality above means something: the policies do not all agree."""
     trace = chains()
-    always = simulated(trace, "prefix-aware", "always", 0)
-    doorkeeper = simulated(trace, "prefix-aware", "doorkeeper", 0)
-    assert doorkeeper[0] != always[0]
-    assert always[1] == CAPACITY > doorkeeper[1]  # the doorkeeper refused first sightings
+    always = simulate.Cache(CAPACITY, "prefix-aware", "always")
+    doorkeeper = simulate.Cache(CAPACITY, "prefix-aware", "doorkeeper")
+    assert simulate.replay(trace, doorkeeper) != simulate.replay(trace, always)
+    assert always.index.refused == 0 < doorkeeper.index.refused  # first sightings in a full tier

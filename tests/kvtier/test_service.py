@@ -399,18 +399,20 @@ def test_metrics_and_health_endpoints(root):
 def test_admission_decisions_and_the_rule_in_force_are_metrics(root):
     """What a tier's admission let in and kept out, and whether it follows the doorkeeper (an
     adaptive policy's choice is otherwise invisible)."""
-    door = make(root / "a", dram={"admission": "doorkeeper"}, nvme={"capacity_bytes": 0})
-    adaptive = make(root / "b", dram={"admission": "adaptive"}, nvme={"capacity_bytes": 0})
+    small = {"capacity_bytes": 2 * BLOCK}
+    door = make(root / "a", dram={**small, "admission": "doorkeeper"}, nvme={"capacity_bytes": 0})
+    adaptive = make(root / "b", dram={**small, "admission": "adaptive"}, nvme={"capacity_bytes": 0})
     try:
         for service in (door, adaptive):
-            put(service, [0, 1])  # first sightings: the doorkeeper refuses both
+            put(service, [10, 11])  # room for both: admitted whatever the rule
+            put(service, [0, 1])  # first sightings in a full tier: the doorkeeper refuses both
             put(service, [0, 1])  # second: it lets them in
         said = door.metrics.render().decode()
         assert 'strata_kvtier_refused_total{tier="dram"} 2.0' in said
-        assert 'strata_kvtier_admitted_total{tier="dram"} 2.0' in said
+        assert 'strata_kvtier_admitted_total{tier="dram"} 4.0' in said
         assert 'strata_kvtier_admission_doorkeeper{tier="dram"} 1.0' in said
         said = adaptive.metrics.render().decode()  # starts as always: nothing refused
-        assert 'strata_kvtier_admitted_total{tier="dram"} 2.0' in said
+        assert 'strata_kvtier_admitted_total{tier="dram"} 4.0' in said
         assert 'strata_kvtier_refused_total{tier="dram"} 0.0' in said
         assert 'strata_kvtier_admission_doorkeeper{tier="dram"} 0.0' in said
     finally:

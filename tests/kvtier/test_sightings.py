@@ -19,7 +19,7 @@ from strata.worker.kvtier.admission import Adaptive, Doorkeeper, FrequencySketch
 from strata.worker.kvtier.service import Owner
 
 from .conftest import TRACES
-from .test_service import make
+from .test_service import BLOCK, make, put
 
 
 def key(n: int) -> bytes:
@@ -97,12 +97,15 @@ def test_a_place_restores_only_what_fits_and_never_raises(tmp_path):
 
 
 def test_a_restarted_sidecar_admits_a_block_on_its_second_sighting_across_the_restart(root):
-    service = make(root, **DOORKEEPER)
+    full: dict[str, Any] = {**DOORKEEPER, "dram": {"admission": "doorkeeper", "capacity_bytes": 2 * BLOCK}}
+    service = make(root, **full)
     assert service.stats()["admission_state"] == {"dram": "no saved state"}
+    put(service, [10, 11])  # fills it: from here the doorkeeper decides
     assert service.reserve(Owner(), [key(1)]) == [None]  # first sighting: refused
     service.close()  # a clean stop saves
-    again = make(root, **DOORKEEPER)
+    again = make(root, **full)
     try:
+        put(again, [10, 11])  # full again (whatever the restart recovered)
         assert again.stats()["admission_state"] == {"dram": "restored"}
         slots = again.reserve(Owner(), [key(1), key(2)])
         assert slots[0] is not None and not again.is_staging(slots[0])  # second sighting: a DRAM slot

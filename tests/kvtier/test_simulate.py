@@ -55,27 +55,31 @@ def test_optimal_bounds_online_policies_on_random_chains():
 
 
 def test_doorkeeper_ceiling_admits_on_the_second_sighting():
-    trace = [[1, 2], [1, 2], [1, 2]]
-    assert optimal_hit_ratio(trace, 10) == pytest.approx(4 / 6)
-    assert optimal_hit_ratio(trace, 10, doorkeeper=True) == pytest.approx(2 / 6)
+    trace = [[8, 9], [1, 2], [1, 2], [1, 2]]  # 8, 9 fill the cache: from then the doorkeeper decides
+    assert optimal_hit_ratio(trace, 2) == pytest.approx(4 / 8)
+    assert optimal_hit_ratio(trace, 2, doorkeeper=True) == pytest.approx(2 / 8)
+
+
+def test_doorkeeper_ceiling_admits_every_block_while_there_is_room():
+    assert optimal_hit_ratio([[1, 2], [1, 2]], 10, doorkeeper=True) == pytest.approx(2 / 4)
 
 
 def test_remembering_every_sighting_admits_what_the_sketch_forgot():
-    # The doorkeeper of a 1-block tier remembers about 16 sightings: block 1, seen again after
-    # 64 others, is a first sighting to it and never enters; a set remembers it, and its third
-    # request hits.
-    trace = [[1], *([[k] for k in range(100, 164)]), [1], [1]]
+    # The doorkeeper of a 1-block tier (7 fills it) remembers about 16 sightings: block 1, seen
+    # again after 64 others, is a first sighting to it and never enters; a set remembers it, and
+    # its third request hits.
+    trace = [[7], [1], *([[k] for k in range(100, 164)]), [1], [1]]
     assert optimal_hit_ratio(trace, 1, doorkeeper=True) == 0
     assert optimal_hit_ratio(trace, 1, doorkeeper=True, remember_all=True) == pytest.approx(1 / len(trace))
 
 
 def test_lookahead_ceiling_also_admits_what_a_queued_request_announced():
-    trace = [[1, 2], [3], [1, 2], [1, 2]]
-    # Doorkeeper alone: 1, 2 enter on their second sighting (request 2), hit in request 3.
-    assert optimal_hit_ratio(trace, 10, doorkeeper=True) == pytest.approx(2 / 7)
-    # Request 2 is within two requests of request 0: announced, so 1, 2 enter at once.
-    assert optimal_hit_ratio(trace, 10, doorkeeper=True, lookahead=2) == pytest.approx(4 / 7)
-    assert optimal_hit_ratio(trace, 10, doorkeeper=True, lookahead=1) == pytest.approx(2 / 7)
+    trace = [[8, 9], [1, 2], [3], [1, 2], [1, 2]]  # 8, 9 fill the cache
+    # Doorkeeper alone: 1, 2 enter on their second sighting (request 3), hit in request 4.
+    assert optimal_hit_ratio(trace, 2, doorkeeper=True) == pytest.approx(2 / 9)
+    # Request 3 is within two requests of request 1: announced, so 1, 2 enter at once.
+    assert optimal_hit_ratio(trace, 2, doorkeeper=True, lookahead=2) == pytest.approx(4 / 9)
+    assert optimal_hit_ratio(trace, 2, doorkeeper=True, lookahead=1) == pytest.approx(2 / 9)
 
 
 def test_load_trace_names_bad_lines(tmp_path):
@@ -101,6 +105,7 @@ def test_reference_peers_match_the_readme(peer, expected):
 
 def test_doorkeeper_refuses_one_use_blocks():
     cache = Cache(10, "lru", "doorkeeper")
+    cache.request(list(range(100, 110)))  # fills it: from here the doorkeeper decides
     assert cache.request([1, 2]) == 0
     assert cache.request([1, 2]) == 0  # seen once before: admitted now
     assert cache.request([1, 2]) == 2

@@ -105,8 +105,10 @@ class TierIndex:
 
     def admits(self, key: Key, parent: Key | None) -> bool:
         """A request offered (or asked for) this block, which the tier does not hold: may it
-        enter? Counts the sighting either way; blocks a queued request expects always may."""
-        admitted = self.admission.admits(key, parent) or key in self._expected
+        enter? Counts the sighting either way; blocks a queued request expects always may, and
+        so may every block while the tier has room: a refusal then evicts nothing and only
+        loses the block's hits (what limits NVMe writes is ``admit_after_hits``)."""
+        admitted = self.admission.admits(key, parent) or key in self._expected or self.has_room()
         if admitted:
             self.admitted += 1
         else:

@@ -142,11 +142,12 @@ def optimal_hit_ratio(
     uses the deeper block first, since its prefix is needed for it to be of any use.
 
     With ``doorkeeper`` a block enters only as the doorkeeper admission would let it (on its
-    second sighting): the ceiling of every eviction order behind that admission rule. With
-    ``lookahead`` too, a block one of the next ``lookahead`` requests asks for also enters (the
-    queue announced it). The doorkeeper's sketch forgets sightings older than about
-    ``DOORKEEPER_WINDOW`` capacities; with ``remember_all`` it remembers every one instead
-    (exactly): the ceiling of every policy that admits no first sighting blindly."""
+    second sighting, or while the cache has room): the ceiling of every eviction order behind
+    that admission rule. With ``lookahead`` too, a block one of the next ``lookahead``
+    requests asks for also enters (the queue announced it). The doorkeeper's sketch forgets
+    sightings older than about ``DOORKEEPER_WINDOW`` capacities; with ``remember_all`` it
+    remembers every one instead (exactly): the ceiling of every policy that admits no first
+    sighting blindly."""
     uses = next_uses(trace)
     seen = _seen_before(capacity, remember_all) if doorkeeper else None
     cached: dict[int, tuple[float, int]] = {}
@@ -156,7 +157,7 @@ def optimal_hit_ratio(
         hits += next((p for p, k in enumerate(chain) if k not in cached), len(chain))
         total += len(chain)
         for position, key in enumerate(chain):
-            admitted = seen is None or seen(key)
+            admitted = seen is None or seen(key) or len(cached) < capacity
             if admitted or key in cached or uses[i][position] - i <= lookahead:
                 cached[key] = stamp = (uses[i][position], position)
                 heapq.heappush(heap, (-stamp[0], -position, key))
