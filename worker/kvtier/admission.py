@@ -310,7 +310,7 @@ class Shadow:
             self.hits += 1
             self.admission.record_hit(key, parent)
             self.order.touch(key, self._tick)
-        elif self.admission.admits(key, parent):
+        elif self.admission.admits(key, parent) or len(self.keys) < self.capacity:  # as TierIndex
             if len(self.keys) >= self.capacity:
                 victim = self.order.victim()
                 if victim is None:
