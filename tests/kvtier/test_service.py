@@ -244,6 +244,34 @@ def test_prefetch_promotes_to_dram(root):
     service.close()
 
 
+def test_prefetch_reads_nvme_runs_in_parallel_reads_of_an_answers_size(root, monkeypatch):
+    """A prefetch reads a chain's NVMe blocks a run at a time (one parallel read each, at most
+    ``answer_blocks``: 2 with 4 staging slots), not a block at a time; it skips what DRAM
+    holds and gives every promoted block its parent in the chain."""
+    service = make(root, dram={"capacity_bytes": 8 * BLOCK})
+    put(service, list(range(16)))  # the first ones demoted to NVMe as the later ones came in
+    assert service.dram is not None and service.nvme is not None
+    on_nvme = [n for n in range(16) if key(n) in service.nvme.index and key(n) not in service.dram.index]
+    assert on_nvme[:5] == [0, 1, 2, 3, 4]
+    get(service, [0, 1, 2])  # blocks 0-2 up to DRAM again: the prefetch below goes past them
+    reads: list[int] = []
+    real_read = NvmeStore.read
+
+    def counted(store: NvmeStore, requests: Any) -> Any:
+        reads.append(len(requests))
+        return real_read(store, requests)
+
+    monkeypatch.setattr(NvmeStore, "read", counted)
+    service.prefetch([key(n) for n in range(8)])
+    service._background.submit(lambda: None).result()  # wait for the hint to be acted on
+    assert reads and max(reads) == 2 and sum(reads) == len([n for n in on_nvme if 3 <= n < 8])
+    assert service.answer_blocks == 2
+    assert all(key(n) in service.dram.index for n in range(3, 8))
+    assert service.dram.index.get(key(3)).parent == key(2)
+    assert service.dram.index.get(key(6)).parent == key(5)
+    service.close()
+
+
 def test_retention_drops_unused_blocks(root):
     service = make(root, retention_s=60.0, write_mode="write-through")
     put(service, [0, 1])

@@ -10,6 +10,7 @@ the bytes of a batch move on the NVMe store's I/O threads.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -393,7 +394,7 @@ class KVTierService:
                 entries = [entry]
             else:
                 if budget is None:
-                    budget = staging_budget(len(keys) - i, max(1, self.staging_slots // 2))
+                    budget = staging_budget(len(keys) - i, self.answer_blocks)
                 room = budget - staged
                 entries = mover.promote_run(keys[i : i + room], parent, staging_ok=True) if room > 0 else []
             for entry in entries:
@@ -622,21 +623,45 @@ class KVTierService:
             self._background.submit(self._prefetch_now, list(keys))
 
     def _prefetch_now(self, keys: list[bytes]) -> None:
+        """Promote the chain's lower-tier blocks a run at a time, each NVMe run in one parallel
+        read of at most a load's answer (``answer_blocks``), taking the lock for each run only:
+        the engine's own requests go between them instead of waiting for the whole chain."""
         try:
             with self._lock:
-                mover = self._require()
-                parent: bytes | None = None
+                self._require()
                 self._claim(keys)
-                for key in keys:
-                    if key not in mover.dram.index and key not in mover.demoting:
-                        origin = "nvme" if self.nvme is not None and key in self.nvme.index else "shared"
-                        if not mover.promote_run([key], parent, staging_ok=False):
-                            break
-                        self._remember_prefetch(key, origin)
-                    parent = key
-                self._poke_demoter()
+            done = 0
+            while done < len(keys):
+                with self._lock:
+                    done = self._prefetch_run(keys, done)
+                    self._poke_demoter()
         except Exception:  # a hint must never take the sidecar down
             log.exception("kvtier: prefetch failed")
+
+    def _prefetch_run(self, keys: list[bytes], start: int) -> int:
+        """Under the lock: promote the next run of ``keys`` from ``start`` that DRAM does not
+        hold; where the prefetch goes on from (``len(keys)`` once it is done or stopped)."""
+        mover = self._require()
+
+        def held(key: bytes) -> bool:
+            return key in mover.dram.index or key in mover.demoting
+
+        first = next((i for i in range(start, len(keys)) if not held(keys[i])), len(keys))
+        run = list(itertools.takewhile(lambda key: not held(key), keys[first : first + self.answer_blocks]))
+        if not run:
+            return len(keys)
+        origin = "nvme" if self.nvme is not None and run[0] in self.nvme.index else "shared"
+        entries = mover.promote_run(run, keys[first - 1] if first else None, staging_ok=False)
+        for key in run[: len(entries)]:
+            self._remember_prefetch(key, origin)
+        return first + len(entries) if entries else len(keys)
+
+    @property
+    def answer_blocks(self) -> int:
+        """The most blocks one read from the lower tiers brings up at a time: half the staging
+        slots for a load's answer (the other half for the answer read ahead), and as many for a
+        prefetch's run."""
+        return max(1, self.staging_slots // 2)
 
     def _remember_prefetch(self, key: bytes, origin: str) -> None:
         self.metrics.prefetched.labels(origin).inc()
