@@ -180,6 +180,7 @@ RATIOS = (
     ("nvme_full_write_over_staged_direct_write", "nvme_full_put", "staged_direct_write"),
     ("nvme_full_read_over_staged_direct_read", "nvme_full_get", "staged_direct_read"),
     ("nvme_read_over_staged_direct_read", "nvme_get", "staged_direct_read"),
+    ("nvme_prefetch_over_direct_read", "nvme_prefetch", "direct_read"),
 )
 
 
@@ -207,7 +208,8 @@ def summary(result: dict[str, Any]) -> str:
         f"write {q['nvme_write_over_direct_fresh_write']}x of direct writes into fresh extents; "
         f"a full tier {q['nvme_full_read_over_direct_read']}x/{q['nvme_full_write_over_direct_write']}x; "
         f"{q['nvme_full_read_over_staged_direct_read']}x/{q['nvme_full_write_over_staged_direct_write']}x "
-        "of direct I/O through a staging copy), "
+        "of direct I/O through a staging copy; "
+        f"look-ahead's prefetch into DRAM {q['nvme_prefetch_over_direct_read']}x direct reads), "
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
         f"at 5k blocks (conversation), "

@@ -32,6 +32,9 @@ machine hits all of them alike.
   repeat into a fresh preallocated region likewise, for the like-for-like ratio. The
   ``nvme_full`` tier is the steady state of a cache: full, so each put evicts the oldest
   chain and writes into slots written before, like the plain overwrites.
+- ``nvme_prefetch``: the look-ahead's prefetch of a chain from NVMe into DRAM slots, by the
+  block service itself in this process (no client copy: the blocks land where a later load's
+  DRAM hit reads them), against ``direct_read``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ from typing import Any
 import torch
 
 from bench.kvtier_sidecar import config, drop_page_cache, refs, sidecar
-from strata.worker.kvtier.arena import SlotArena
+from strata.worker.kv_connector import BlockRef
+from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.blockcopy import (
     copy_hashing_addresses,
     copy_hashing_all,
@@ -58,6 +62,8 @@ from strata.worker.kvtier.blockcopy import (
     host_copy,
 )
 from strata.worker.kvtier.client import TierClient
+from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
+from strata.worker.kvtier.slottable import table_path
 
 BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
 DTYPE = torch.bfloat16
@@ -68,6 +74,7 @@ THREADS = 4  # the client's copy threads, and the NVMe tier's I/O threads (io_th
 # passes), every put evicts the oldest chain and writes into slots written before, as a plain
 # program's overwrites do; the other NVMe tier writes each chain into slots never written.
 FULL_CHAINS = 2
+BLOCK_BYTES = math.prod(BLOCK_SHAPE) * DTYPE.itemsize
 
 Pass = Callable[[int], object]  # one pass over all blocks, in repeat r
 
@@ -135,6 +142,8 @@ def bandwidth(root: Path) -> dict[str, Any]:
         passes |= staged_passes(root, blocks, out, pool)
         passes |= tier_passes("nvme", nvme, blocks, out, data)
         passes |= tier_passes("nvme_full", full, blocks, out, full_data, fill=FULL_CHAINS + 1)
+        service = stack.enter_context(in_process_tier(root, "prefetch", dram=room, nvme=3 * room))
+        passes |= prefetch_passes(service, blocks)
         result = interleaved(nbytes, passes, pids)
         if dram.unverified_blocks:  # (NVMe blocks are verified by the sidecar as they are read)
             raise RuntimeError("kvtier bench: DRAM blocks were read before the sidecar sealed them")
@@ -170,7 +179,7 @@ def tier_client(
     root: Path, name: str, pids: dict[str, int], dram: int = 0, nvme: int = 0, verify: bool = True
 ) -> Iterator[tuple[TierClient, Path]]:
     """A sidecar with only this tier (its pid into ``pids``), its client, and the NVMe data file."""
-    block_bytes = math.prod(BLOCK_SHAPE) * DTYPE.itemsize
+    block_bytes = BLOCK_BYTES
     settings = config(root, name, dram=dram, nvme=nvme, verify_reads=verify)
     started: list[int] = []
     with sidecar(root, settings, block_bytes, started) as kv:
@@ -213,6 +222,69 @@ def tier_passes(
         wait_sealed(client)
 
     return {f"{tier}_get": get, f"{tier}_put": put}
+
+
+@contextmanager
+def in_process_tier(
+    root: Path, name: str, dram: int, nvme: int, block_bytes: int = BLOCK_BYTES
+) -> Iterator[KVTierService]:
+    """The sidecar's block service in this process, write-through (every block on NVMe too):
+    its own moves between tiers, timed without a client's copy or a round trip to wait on."""
+    settings = config(root, name, dram=dram, nvme=nvme, write_mode="write-through").kvtier
+    service = KVTierService(settings)
+    service.configure(block_bytes)
+    try:
+        yield service
+    finally:
+        service.close()
+        Path(settings.dram.shm_path).unlink(missing_ok=True)
+        table_path(Path(settings.dram.shm_path)).unlink(missing_ok=True)
+
+
+def prefetch_passes(service: KVTierService, blocks: list[torch.Tensor]) -> dict[str, Pass]:
+    """Look-ahead's prefetch: a chain from NVMe into DRAM slots by the service's own path (one
+    parallel read per run, each block checked against its checksum) once a queued request
+    announced it, against ``direct_read``.
+    DRAM holds one chain: two chains take turns, each prefetch evicting the other (already on
+    NVMe: write-through), so every repeat reads every block from the disk."""
+    chains = [refs(9000 + n, len(blocks)) for n in range(2)]
+    for chain in chains:
+        _put_in_process(service, chain, blocks)
+    dram, nvme = service.dram, service.nvme
+    assert dram is not None and nvme is not None
+    data = nvme.store.directory / "blocks.dat"
+    owner = Owner()
+
+    def prefetch(repeat: int) -> None:
+        """As a queued request's announcement does it: its blocks kept (so the chain's head
+        DRAM still held is not evicted for its tail) and moved up, then withdrawn."""
+        keys = [b.hash for b in chains[repeat % 2]]
+        drop_page_cache(data)
+        service.expect(owner, "bench", keys)
+        service.wait_for_hints()
+        service.unexpect(owner, ["bench"])
+        if not all(key in dram.index for key in keys):
+            raise RuntimeError("kvtier bench: the prefetch did not bring the whole chain up")
+
+    return {"nvme_prefetch": prefetch}
+
+
+def _put_in_process(service: KVTierService, chain: list[BlockRef], blocks: list[torch.Tensor]) -> None:
+    """Save ``chain`` with ``blocks``' bytes, a batch at a time, as a client's puts do."""
+    assert service.dram is not None
+    owner, batch = Owner(), max(1, service.staging_slots // 3)
+    for start in range(0, len(chain), batch):
+        refs_, sources = chain[start : start + batch], blocks[start : start + batch]
+        slots = service.reserve(owner, [r.hash for r in refs_], [r.parent for r in refs_])
+        puts = []
+        for ref, source, slot in zip(refs_, sources, slots, strict=True):
+            if slot is None:
+                raise RuntimeError("kvtier bench: no slot for a block of the prefetch chain")
+            target = service.dram.block(slot)
+            target[:] = source.view(torch.uint8).reshape(-1).numpy().tobytes()
+            puts.append(PutBlock(ref.hash, ref.parent, slot, checksum(target)))
+        if service.put(owner, puts) != len(puts):
+            raise RuntimeError("kvtier bench: the in-process tier did not store the chain")
 
 
 @contextmanager

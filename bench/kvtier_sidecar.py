@@ -11,13 +11,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, WorkerConfig
+from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, WorkerConfig, WriteMode
 from strata.worker.kv_connector import BlockRef
 from strata.worker.kvtier.slottable import table_path
 
 
 def config(
-    root: Path, name: str, dram: int, nvme: int, block_size: int = 16, verify_reads: bool = True
+    root: Path,
+    name: str,
+    dram: int,
+    nvme: int,
+    block_size: int = 16,
+    verify_reads: bool = True,
+    write_mode: WriteMode = "write-back",
 ) -> WorkerConfig:
     shm = f"/dev/shm/strata-bench-{os.getpid()}-{name}"
     kvtier = KVTierConfig(
@@ -25,6 +31,7 @@ def config(
         socket_path=str(root / f"{name}.sock"),
         dram={"capacity_bytes": dram, "shm_path": shm, "verify_reads": verify_reads},
         nvme={"capacity_bytes": nvme, "path": str(root / f"{name}-nvme"), "admit_after_hits": 0},
+        write_mode=write_mode,
     )
     return WorkerConfig(
         model=ModelConfig(name="small", path=str(root / "model"), max_context_tokens=32768),

@@ -126,7 +126,7 @@ def test_write_through_writes_a_block_down_once_a_read_admits_it(root):
     put(service, [0, 1])
     assert service.nvme is not None and key(0) not in service.nvme.index  # seen once: not admitted
     assert get(service, [0, 1]) == [payload(0), payload(1)]  # seen twice: admitted
-    service._background.submit(lambda: None).result()  # wait for the background write-down
+    service.wait_for_hints()  # wait for the background write-down
     assert key(0) in service.nvme.index and key(1) in service.nvme.index
     service.close()
 
@@ -232,7 +232,7 @@ def test_prefetch_promotes_to_dram(root):
     service = make(root, dram={"capacity_bytes": 4 * BLOCK})
     put(service, list(range(8)))
     service.prefetch([key(0), key(1)])
-    service._background.submit(lambda: None).result()  # wait for the hint to be acted on
+    service.wait_for_hints()  # wait for the hint to be acted on
     assert service.dram is not None and key(0) in service.dram.index and key(1) in service.dram.index
     # The first lookup credits the tier the prefetch found them in, so hit metrics stay honest;
     # from then on they are DRAM blocks like any other.
@@ -244,7 +244,7 @@ def test_prefetch_promotes_to_dram(root):
     service.close()
 
 
-def test_prefetch_reads_nvme_runs_in_parallel_reads_of_an_answers_size(root, monkeypatch):
+def test_prefetch_reads_nvme_runs_in_parallel_reads_of_an_answers_size(root, nvme_reads):
     """A prefetch reads a chain's NVMe blocks a run at a time (one parallel read each, at most
     ``answer_blocks``: 2 with 4 staging slots), not a block at a time; it skips what DRAM
     holds and gives every promoted block its parent in the chain."""
@@ -254,21 +254,16 @@ def test_prefetch_reads_nvme_runs_in_parallel_reads_of_an_answers_size(root, mon
     on_nvme = [n for n in range(16) if key(n) in service.nvme.index and key(n) not in service.dram.index]
     assert on_nvme[:5] == [0, 1, 2, 3, 4]
     get(service, [0, 1, 2])  # blocks 0-2 up to DRAM again: the prefetch below goes past them
-    reads: list[int] = []
-    real_read = NvmeStore.read
-
-    def counted(store: NvmeStore, requests: Any) -> Any:
-        reads.append(len(requests))
-        return real_read(store, requests)
-
-    monkeypatch.setattr(NvmeStore, "read", counted)
+    del nvme_reads[:]  # the reads of the get above
     service.prefetch([key(n) for n in range(8)])
-    service._background.submit(lambda: None).result()  # wait for the hint to be acted on
+    service.wait_for_hints()  # wait for the hint to be acted on
+    reads = nvme_reads
     assert reads and max(reads) == 2 and sum(reads) == len([n for n in on_nvme if 3 <= n < 8])
     assert service.answer_blocks == 2
     assert all(key(n) in service.dram.index for n in range(3, 8))
-    assert service.dram.index.get(key(3)).parent == key(2)
-    assert service.dram.index.get(key(6)).parent == key(5)
+    third, sixth = service.dram.index.get(key(3)), service.dram.index.get(key(6))
+    assert third is not None and third.parent == key(2)
+    assert sixth is not None and sixth.parent == key(5)
     service.close()
 
 

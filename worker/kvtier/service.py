@@ -663,6 +663,11 @@ class KVTierService:
         prefetch's run."""
         return max(1, self.staging_slots // 2)
 
+    def wait_for_hints(self) -> None:
+        """Return once the hints queued so far (prefetches, write-through of blocks a read made
+        admitted) were acted on: for benchmarks and tests, which time or check their effect."""
+        self._background.submit(lambda: None).result()
+
     def _remember_prefetch(self, key: bytes, origin: str) -> None:
         self.metrics.prefetched.labels(origin).inc()
         self._prefetched_from[key] = origin
