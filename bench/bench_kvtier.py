@@ -1,7 +1,8 @@
 """KV-tier benchmark: tier bandwidth next to plain memcpy and file I/O (``kvtier_bandwidth``),
 TTFT from each tier next to recomputation, and the block-level prefix hit ratios of the tiers'
 eviction and admission policies on the Mooncake traces next to the peers' and the offline
-optimum (``kvtier_hits``), all from one run on this machine.
+optimum (``kvtier_hits``), how long other requests wait while an engine's write-through saves
+run (``kvtier_latency``), all from one run on this machine.
 
 The sidecar runs as a real process (``strata kvtier serve``); the benchmark is its client, so
 bandwidths include the protocol round trips and the copies into and out of shared memory.
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench import kvtier_hits, kvtier_memory
+from bench import kvtier_hits, kvtier_latency, kvtier_memory
 from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth
 from bench.kvtier_sidecar import config, drop_page_cache, sidecar
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
@@ -137,6 +138,7 @@ def run() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="kvbench-", dir="/tmp"))
     try:
         result: dict[str, Any] = {"copy_path": path_name()} | bandwidth(root)
+        result["lookup_during_write_through_saves"] = kvtier_latency.lookup_latency(root)
         result["ttft_s"] = ttft(root)
         result |= kvtier_hits.run()
         result["index_memory"] = kvtier_memory.run()
@@ -199,6 +201,7 @@ def summary(result: dict[str, Any]) -> str:
     t = result["ttft_s"]["16k"]
     q = result["ratios"]
     checks = result["policy_checks"]
+    lookups = result["lookup_during_write_through_saves"]
     return (
         f"dram put/get {q['dram_put_over_memcpy']}x/{q['dram_get_over_memcpy']}x memcpy "
         f"({result['copy_path']} copy and checksum; per CPU-second "
@@ -211,6 +214,7 @@ def summary(result: dict[str, Any]) -> str:
         "of direct I/O through a staging copy; "
         f"look-ahead's prefetch into DRAM {q['nvme_prefetch_over_direct_read']}x direct reads), "
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
+        f"a lookup during write-through saves p99 {lookups['p99_ms']} ms, "
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
         f"at 5k blocks (conversation), "
         "the most over the eviction orders, with and without retention: "

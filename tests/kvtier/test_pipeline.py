@@ -282,3 +282,33 @@ def test_the_sidecar_answers_a_long_nvme_load_in_shrinking_parts(root):
         assert answers == [32, 32, 16, 8, 8]  # half the 64 staging slots, then halves of the rest
     finally:
         service.close()
+
+
+def test_a_write_through_put_writes_its_dram_blocks_down_outside_the_lock(root, monkeypatch):
+    """Write-through: the put's DRAM blocks go to NVMe on the committer thread, like staging
+    blocks (other requests are served while the disk syncs; the reply still waits for it), and
+    a DRAM slot evicted meanwhile is not handed out again until its write is committed."""
+    gate = Gate(monkeypatch)
+    config = kvtier_config(root, dram={"capacity_bytes": 4 * BLOCK}, write_mode="write-through")
+    service = KVTierService(config, staging_slots=4, background_demotion=False)
+    service.configure(BLOCK)
+    try:
+        owner = Owner()
+        blocks = reserved(service, owner, [1, 2, 3, 4])
+        for n, block in enumerate(blocks, 1):
+            assert service.dram is not None
+            service.dram.block(block.slot)[:] = n.to_bytes(4, "big") * (BLOCK // 4)
+        pending = service.put_async(owner, blocks)
+        assert gate.syncing.wait(WAIT_S)  # written, its commit held: the lock is free
+        assert service.lookup([b.key for b in blocks]) == ["dram"] * 4
+        assert not pending.done()
+        # DRAM is full: four new blocks evict the four in flight, whose slots must not return.
+        given = service.reserve(Owner(), [n.to_bytes(16, "big") for n in range(5, 9)])
+        assert not set(given) & {b.slot for b in blocks}, given
+        gate.open.set()
+        assert pending.result(WAIT_S) == 4
+        assert service.nvme is not None and all(b.key in service.nvme.index for b in blocks)
+        assert service.dram is not None and not service.dram._leases
+    finally:
+        gate.open.set()
+        service.close()

@@ -509,10 +509,11 @@ class KVTierService:
         """Commit blocks the engine copied into its reserved slots; the future resolves to how
         many were kept. Checksums are of the bytes in the slots: the client's (hashed right
         after its copy, while in cache) or, where it sent none, taken here. DRAM blocks are
-        committed before this returns; staging blocks' NVMe writes are queued here and
-        committed (written, synced, logged: durable) by the committer thread, which then frees
-        their staging slots and resolves the future. So the next batch's writes queue on the
-        device while this one is synced, and the connection reads its next request meanwhile."""
+        committed before this returns; staging blocks' NVMe writes, and with write-through the
+        DRAM blocks' too, are queued here and committed (written, synced, logged: durable) by
+        the committer thread, which then frees their staging slots and resolves the future. So
+        the next batch's writes queue on the device while this one is synced, the connection
+        reads its next request meanwhile, and the lock is not held while the disk writes."""
         started = time.perf_counter()
         with self._lock:
             mover = self._require()
@@ -523,16 +524,22 @@ class KVTierService:
                 self._sealer.add([k for k, e in stored if e.checksum is None])
             self.metrics.written_bytes.labels("dram").inc(len(stored) * self.block_bytes)
             self.metrics.write_seconds.labels("dram").observe(time.perf_counter() - started)
-            if self.config.write_mode == "write-through":
-                mover.write_down(stored, demoting=False)
+            through = stored if self.config.write_mode == "write-through" else []
             count = len(stored) + len(staged)
-            plan = mover.writer.plan([(k, e) for k, e in staged if mover.dram.is_staging(e.slot)], False)
-            mover.writer.start(plan)
+            down = [(k, e) for k, e in staged if mover.dram.is_staging(e.slot)] + through
+            plan = mover.writer.plan(down, False)
             mover.publish_usage()
-            if not staged:
+            if not staged and not plan.nvme and not plan.shared:
                 return _done(count)
+            # Written from their DRAM slots outside the lock: a slot evicted meanwhile is not
+            # handed out again until the write is committed (the lease defers its return).
+            leased = [e.slot for _, e in through]
+            for slot in leased:
+                mover.dram.lease(slot)
+            mover.writer.start(plan)
             self._writing += 1
-            return self._committer.submit(self._commit_put, mover, plan, [e.slot for _, e in staged], count)
+            staging = [e.slot for _, e in staged]
+            return self._committer.submit(self._commit_put, mover, plan, staging, leased, count)
 
     def _enter(self, owner: Owner, blocks: Sequence[PutBlock]) -> tuple[list[Block], list[Block]]:
         """The blocks of a put as (key, entry): those entering DRAM (added to its index here)
@@ -559,9 +566,12 @@ class KVTierService:
                 stored.append((block.key, entry))
         return stored, staged
 
-    def _commit_put(self, mover: Mover, plan: WritePlan, slots: list[int], count: int) -> int:
+    def _commit_put(
+        self, mover: Mover, plan: WritePlan, slots: list[int], leased: list[int], count: int
+    ) -> int:
         """On the committer thread: wait for a put's queued writes, sync them, then (under the
-        lock) enter them into the lower tiers and free the put's staging slots."""
+        lock) enter them into the lower tiers, free the put's staging slots and end the leases
+        on the DRAM slots written through."""
         try:
             mover.writer.finish(plan)
         finally:
@@ -569,6 +579,8 @@ class KVTierService:
                 mover.writer.commit(plan)
                 for slot in slots:
                     mover.dram.give_back(slot)
+                for slot in leased:
+                    mover.dram.unlease(slot)
                 self._writing -= 1
                 mover.publish_usage()
                 self._room.notify_all()

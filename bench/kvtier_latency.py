@@ -1,0 +1,89 @@
+"""How long the sidecar keeps other requests waiting while an engine saves: lookups on a
+second connection (as a router's look-ahead or a metrics scrape reaches the sidecar beside
+the engine) while write-through saves of 96 blocks of 2 MiB run back to back, each save
+waiting for every reply (its blocks durable on NVMe). DRAM holds one chain, NVMe two (full:
+every save evicts). A save's disk writes and syncs run outside the sidecar's lock, so a
+lookup waits for the lock only while a batch is entered or committed."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.kvtier_bandwidth import BLOCK_BYTES, BLOCK_SHAPE, DTYPE, NUM_BLOCKS
+from bench.kvtier_sidecar import config, refs, sidecar
+from strata.worker.kvtier.client import TierClient
+
+SAVES = 12
+PROBE_GAP_S = 0.002  # between lookups: the prober is not a busy loop that steals a core
+
+
+def lookup_latency(
+    root: Path | None = None,
+    blocks: int = NUM_BLOCKS,
+    shape: tuple[int, ...] = BLOCK_SHAPE,
+    saves: int = SAVES,
+) -> dict[str, Any]:
+    """Lookup latency percentiles (ms) on a second connection during write-through saves."""
+    with tempfile.TemporaryDirectory(prefix="kvlat-", dir=root) as tmp:
+        return _measure(Path(tmp), [torch.randn(shape).to(DTYPE) for _ in range(blocks)], shape, saves)
+
+
+def _measure(root: Path, data: list[torch.Tensor], shape: tuple[int, ...], saves: int) -> dict[str, Any]:
+    block_bytes = data[0].numel() * data[0].element_size() if data else BLOCK_BYTES
+    room = (len(data) + 8) * block_bytes
+    settings = config(root, "lat", dram=room, nvme=2 * room, write_mode="write-through")
+    with sidecar(root, settings, block_bytes) as kv:
+        saver, prober = (TierClient(kv.socket_path, shape, DTYPE) for _ in range(2))
+        try:
+            for n in range(3):  # NVMe full from the start
+                saver.save_checked(refs(7000 + n, len(data)), data)
+            keys = [r.hash for r in refs(7002, 4)]
+            waits = _probe_while(prober, keys, lambda: _save_all(saver, data, saves))
+        finally:
+            saver.close()
+            prober.close()
+    return _percentiles(waits)
+
+
+def _save_all(client: TierClient, data: list[torch.Tensor], saves: int) -> None:
+    for n in range(saves):
+        if client.save_checked(refs(8000 + n, len(data)), data) != len(data):
+            raise RuntimeError("kvtier bench: a write-through save lost blocks")
+
+
+def _probe_while(prober: TierClient, keys: list[bytes], work: Any) -> list[float]:
+    stop, waits = threading.Event(), []
+
+    def probe() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            prober.lookup(keys)
+            waits.append(time.perf_counter() - started)
+            time.sleep(PROBE_GAP_S)
+
+    thread = threading.Thread(target=probe, name="kvtier-bench-prober")
+    thread.start()
+    try:
+        work()
+    finally:
+        stop.set()
+        thread.join()
+    if not waits:
+        raise RuntimeError("kvtier bench: no lookup finished while the saves ran")
+    return waits
+
+
+def _percentiles(waits: list[float]) -> dict[str, Any]:
+    ordered = sorted(waits)
+
+    def at(share: float) -> float:
+        return round(1000 * ordered[min(len(ordered) - 1, int(share * len(ordered)))], 2)
+
+    shares = {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 0.99, "max_ms": 1.0}
+    return {"lookups": len(ordered)} | {name: at(share) for name, share in shares.items()}
