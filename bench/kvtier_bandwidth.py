@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from bench.kvtier_sidecar import config, drop_page_cache, refs, sidecar
+from bench.kvtier_sidecar import config, drop_page_cache, refs, remove_shm, sidecar
 from strata.worker.kv_connector import BlockRef
 from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.blockcopy import (
@@ -61,9 +61,8 @@ from strata.worker.kvtier.blockcopy import (
     flat_bytes,
     host_copy,
 )
-from strata.worker.kvtier.client import TierClient
+from strata.worker.kvtier.client import TierClient, save_batches
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
-from strata.worker.kvtier.slottable import table_path
 
 BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a 16-token block of a Llama-3-8B-like model: 2 MiB in bf16
 DTYPE = torch.bfloat16
@@ -237,8 +236,7 @@ def in_process_tier(
         yield service
     finally:
         service.close()
-        Path(settings.dram.shm_path).unlink(missing_ok=True)
-        table_path(Path(settings.dram.shm_path)).unlink(missing_ok=True)
+        remove_shm(Path(settings.dram.shm_path))
 
 
 def prefetch_passes(service: KVTierService, blocks: list[torch.Tensor]) -> dict[str, Pass]:
@@ -272,9 +270,9 @@ def prefetch_passes(service: KVTierService, blocks: list[torch.Tensor]) -> dict[
 def _put_in_process(service: KVTierService, chain: list[BlockRef], blocks: list[torch.Tensor]) -> None:
     """Save ``chain`` with ``blocks``' bytes, a batch at a time, as a client's puts do."""
     assert service.dram is not None
-    owner, batch = Owner(), max(1, service.staging_slots // 3)
-    for start in range(0, len(chain), batch):
-        refs_, sources = chain[start : start + batch], blocks[start : start + batch]
+    owner = Owner()
+    for start, stop in save_batches(len(chain), max(1, service.staging_slots // 3)):
+        refs_, sources = chain[start:stop], blocks[start:stop]
         slots = service.reserve(owner, [r.hash for r in refs_], [r.parent for r in refs_])
         puts = []
         for ref, source, slot in zip(refs_, sources, slots, strict=True):

@@ -10,12 +10,13 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.kvtier_bandwidth import BLOCK_BYTES, BLOCK_SHAPE, DTYPE, NUM_BLOCKS
+from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, NUM_BLOCKS
 from bench.kvtier_sidecar import config, refs, sidecar
 from strata.worker.kvtier.client import TierClient
 
@@ -35,7 +36,7 @@ def lookup_latency(
 
 
 def _measure(root: Path, data: list[torch.Tensor], shape: tuple[int, ...], saves: int) -> dict[str, Any]:
-    block_bytes = data[0].numel() * data[0].element_size() if data else BLOCK_BYTES
+    block_bytes = data[0].numel() * data[0].element_size()
     room = (len(data) + 8) * block_bytes
     settings = config(root, "lat", dram=room, nvme=2 * room, write_mode="write-through")
     with sidecar(root, settings, block_bytes) as kv:
@@ -57,7 +58,7 @@ def _save_all(client: TierClient, data: list[torch.Tensor], saves: int) -> None:
             raise RuntimeError("kvtier bench: a write-through save lost blocks")
 
 
-def _probe_while(prober: TierClient, keys: list[bytes], work: Any) -> list[float]:
+def _probe_while(prober: TierClient, keys: list[bytes], work: Callable[[], None]) -> list[float]:
     stop, waits = threading.Event(), []
 
     def probe() -> None:

@@ -76,8 +76,13 @@ def stop(proc: subprocess.Popen[bytes], shm: Path) -> None:
             proc.kill()
             proc.wait()
     finally:
-        shm.unlink(missing_ok=True)
-        table_path(shm).unlink(missing_ok=True)  # the DRAM tier's slot table beside it
+        remove_shm(shm)
+
+
+def remove_shm(shm: Path) -> None:
+    """A DRAM tier's shared-memory file and the slot table beside it, gone."""
+    shm.unlink(missing_ok=True)
+    table_path(shm).unlink(missing_ok=True)
 
 
 def drop_page_cache(path: Path) -> None:

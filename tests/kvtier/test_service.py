@@ -257,8 +257,8 @@ def test_prefetch_reads_nvme_runs_in_parallel_reads_of_an_answers_size(root, nvm
     del nvme_reads[:]  # the reads of the get above
     service.prefetch([key(n) for n in range(8)])
     service.wait_for_hints()  # wait for the hint to be acted on
-    reads = nvme_reads
-    assert reads and max(reads) == 2 and sum(reads) == len([n for n in on_nvme if 3 <= n < 8])
+    assert nvme_reads and max(nvme_reads) == 2
+    assert sum(nvme_reads) == len([n for n in on_nvme if 3 <= n < 8])
     assert service.answer_blocks == 2
     assert all(key(n) in service.dram.index for n in range(3, 8))
     third, sixth = service.dram.index.get(key(3)), service.dram.index.get(key(6))
