@@ -24,7 +24,7 @@ from bench import kvtier_hits, kvtier_latency, kvtier_memory
 from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth
 from bench.kvtier_sidecar import config, drop_page_cache, sidecar
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
-from strata.worker.kvtier.client import TierClient
+from strata.worker.kvtier.client import TierClient, client_threads
 from strata.worker.kvtier.native import path_name
 
 PROMPTS = {"4k": 4096, "16k": 16384}
@@ -65,7 +65,8 @@ class Switch:
         pass
 
 
-def ttft(root: Path) -> dict[str, dict[str, float]]:
+def ttft(root: Path, device: torch.device | None = None) -> dict[str, dict[str, float]]:
+    """TTFT by tier of each prompt, the engine on ``device`` (the CPU unless given)."""
     from strata.worker.engine.llm_engine import LLMEngine
     from strata.worker.engine.model_runner import block_shape
     from strata.worker.models.loader import DTYPES, load_model
@@ -74,7 +75,7 @@ def ttft(root: Path) -> dict[str, dict[str, float]]:
 
     write_model(root / "model", "small")
     base = config(root, "probe", 0, 0)
-    model = load_model(base.model.path, DTYPES[base.model.dtype], torch.device("cpu"))
+    model = load_model(base.model.path, DTYPES[base.model.dtype], device or torch.device("cpu"))
     shape = block_shape(model, base.engine.block_size)
     block_bytes = int(torch.empty(shape).numel() * 4)
     blocks_16k = max(PROMPTS.values()) // base.engine.block_size + 8
@@ -84,8 +85,9 @@ def ttft(root: Path) -> dict[str, dict[str, float]]:
     engine = LLMEngine(dram, model, load_tokenizer(base.model.path), switch)
     result: dict[str, dict[str, float]] = {}
     with sidecar(root, dram) as dram_kv, sidecar(root, nvme) as nvme_kv:
-        to_dram = TierClient(dram_kv.socket_path, shape, torch.float32)
-        to_nvme = TierClient(nvme_kv.socket_path, shape, torch.float32)
+        threads = client_threads(device)  # as the engine's own client on this device
+        to_dram = TierClient(dram_kv.socket_path, shape, torch.float32, threads=threads)
+        to_nvme = TierClient(nvme_kv.socket_path, shape, torch.float32, threads=threads)
         nvme_file = Path(nvme_kv.nvme.path) / "blocks.dat"
         for name, length in PROMPTS.items():
             tokens = [random.Random(length).randrange(3, 250) for _ in range(length)]

@@ -39,6 +39,7 @@ machine hits all of them alike.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -55,6 +56,7 @@ from bench.kvtier_sidecar import config, drop_page_cache, refs, remove_shm, side
 from strata.worker.kv_connector import BlockRef
 from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.blockcopy import (
+    COPY_THREADS,
     copy_hashing_addresses,
     copy_hashing_all,
     copy_hashing_python,
@@ -115,7 +117,8 @@ def cpu_seconds(pids: list[int]) -> float:
     total = time.process_time()
     for pid in pids:
         for task in Path(f"/proc/{pid}/task").iterdir():
-            total += int((task / "schedstat").read_text().split()[0]) / 1e9
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended since the listing
+                total += int((task / "schedstat").read_text().split()[0]) / 1e9
     return total
 
 
@@ -175,15 +178,22 @@ def copy_passes(
 
 @contextmanager
 def tier_client(
-    root: Path, name: str, pids: dict[str, int], dram: int = 0, nvme: int = 0, verify: bool = True
+    root: Path,
+    name: str,
+    pids: dict[str, int],
+    dram: int = 0,
+    nvme: int = 0,
+    verify: bool = True,
+    threads: int = COPY_THREADS,
 ) -> Iterator[tuple[TierClient, Path]]:
-    """A sidecar with only this tier (its pid into ``pids``), its client, and the NVMe data file."""
+    """A sidecar with only this tier (its pid into ``pids``), its client (copying and hashing
+    on ``threads``), and the NVMe data file."""
     block_bytes = BLOCK_BYTES
     settings = config(root, name, dram=dram, nvme=nvme, verify_reads=verify)
     started: list[int] = []
     with sidecar(root, settings, block_bytes, started) as kv:
         pids[name] = started[0]
-        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE)
+        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE, threads=threads)
         try:
             yield client, Path(kv.nvme.path) / "blocks.dat"
         finally:
@@ -197,26 +207,28 @@ def tier_passes(
     out: list[torch.Tensor],
     data: Path | None,
     fill: int = 0,
+    repeats: int = REPEATS,
 ) -> dict[str, Pass]:
     """Each repeat gets the chain put a repeat before (a warm-up chain first), which the
     sidecar has sealed since, then puts a fresh one (so nothing is skipped as already held).
     ``fill`` chains are saved before the warm-up, for a tier full from the start."""
+    count = len(blocks)
     for n in range(fill):
-        client.save_checked(refs(len(tier) * 1000 + 500 + n, NUM_BLOCKS), blocks)
-    chains = [refs(len(tier) * 1000 + r, NUM_BLOCKS) for r in range(REPEATS + 1)]
+        client.save_checked(refs(len(tier) * 1000 + 500 + n, count), blocks)
+    chains = [refs(len(tier) * 1000 + r, count) for r in range(repeats + 1)]
     client.save_checked(chains[0], blocks)
     wait_sealed(client)
 
     def get(repeat: int) -> None:
         if data is not None:
             drop_page_cache(data)
-        if client.load([b.hash for b in chains[repeat]], out) != NUM_BLOCKS:
+        if client.load([b.hash for b in chains[repeat]], out) != count:
             raise RuntimeError(f"kvtier bench: the {tier} tier lost blocks")
 
     def put(repeat: int) -> None:
         """Ends when every block is committed (NVMe: written and synced) and checksummed: a
         sealing pass the sidecar ran after the save would be part of its cost."""
-        if client.save_checked(chains[repeat + 1], blocks) != NUM_BLOCKS:
+        if client.save_checked(chains[repeat + 1], blocks) != count:
             raise RuntimeError(f"kvtier bench: the {tier} tier did not store every block")
         wait_sealed(client)
 
@@ -300,11 +312,14 @@ def shm_blocks(root: Path, count: int, block_bytes: int) -> Iterator[list[torch.
 
 
 def wait_sealed(client: TierClient, timeout_s: float = 300) -> None:
+    """Until the sidecar holds every block's checksum. Polled every millisecond: a pass of 192
+    MiB from a GPU lasts a few, and a coarser poll was most of what it measured (at 50 ms a
+    put of GPU blocks read 3.4 GB/s whatever the sealer did)."""
     deadline = time.monotonic() + timeout_s
     while (stats := client.stats()) is None or stats.get("unsealed"):
         if time.monotonic() > deadline:
             raise RuntimeError(f"kvtier bench: the sidecar did not seal the blocks in {timeout_s} s")
-        time.sleep(0.05)
+        time.sleep(0.001)
 
 
 def file_passes(root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor) -> dict[str, Pass]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, WorkerConfig, WriteMode
 from strata.worker.kv_connector import BlockRef
+from strata.worker.kvtier.sightings import dram_sightings_path
 from strata.worker.kvtier.slottable import table_path
 
 
@@ -80,9 +81,9 @@ def stop(proc: subprocess.Popen[bytes], shm: Path) -> None:
 
 
 def remove_shm(shm: Path) -> None:
-    """A DRAM tier's shared-memory file and the slot table beside it, gone."""
-    shm.unlink(missing_ok=True)
-    table_path(shm).unlink(missing_ok=True)
+    """A DRAM tier's shared-memory file and the slot table and sighting counts beside it, gone."""
+    for path in (shm, table_path(shm), dram_sightings_path(shm)):
+        path.unlink(missing_ok=True)
 
 
 def drop_page_cache(path: Path) -> None:

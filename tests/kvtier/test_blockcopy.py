@@ -21,6 +21,7 @@ from strata.worker.kvtier.blockcopy import (
     host_copy,
     host_sources,
     save_blocks,
+    slot_hash,
 )
 
 
@@ -71,7 +72,7 @@ def test_bad_pairs_are_refused_before_copying(path, dst, src, message):
     with pytest.raises(ValueError, match=message):
         host_copy(dst, src)
     with ThreadPoolExecutor(2) as pool, pytest.raises(ValueError, match=message):
-        save_blocks(pool, [(torch.zeros(8, dtype=torch.uint8),) * 2, (dst, src)], [None, None], False)
+        save_blocks(pool, [(torch.zeros(8, dtype=torch.uint8),) * 2, (dst, src)], [False, False], False)
 
 
 @pytest.mark.parametrize("count", [1, 6])
@@ -79,12 +80,12 @@ def test_batches_return_each_blocks_checksum_in_order(path, count):
     sources = [random_bytes(CHUNK_BYTES + 100 * seed, seed) for seed in range(count)]
     slots = [torch.zeros_like(s) for s in sources]
     with ThreadPoolExecutor(4) as pool:
-        saved = save_blocks(pool, list(zip(slots, sources, strict=True)), [None] * count, page_locked=False)
+        saved = save_blocks(pool, list(zip(slots, sources, strict=True)), [False] * count, page_locked=False)
         out = [torch.zeros_like(s) for s in sources]
-        views = [s.numpy().data for s in slots]
-        loaded = copy_blocks(pool, list(zip(out, slots, strict=True)), views, page_locked=False)
+        loaded = copy_blocks(pool, list(zip(out, slots, strict=True)), hashed=True, page_locked=False)
     expected = [checksum(s.numpy().data) for s in sources]
     assert saved == expected and loaded == expected
+    assert [slot_hash(s) for s in slots] == expected
     assert all(torch.equal(o, s) for o, s in zip(out, sources, strict=True))
 
 

@@ -12,6 +12,7 @@ import torch
 
 from strata.worker.kv_connector import BlockRef, chain_hashes, root_hash
 from strata.worker.kvtier.arena import checksum
+from strata.worker.kvtier.blockcopy import COPY_THREADS, DEVICE_COPY_THREADS
 from strata.worker.kvtier.client import TierClient, connect, save_batches
 
 from .conftest import MiB, worker_config
@@ -204,26 +205,6 @@ def test_pinned_prefixes_are_pinned_on_connect(root, start_sidecar):
     assert client.lookup(pinned) == ["dram", "dram"]
 
 
-def test_page_lock_registers_the_mapping_only_with_cuda(monkeypatch):
-    from strata.worker.kvtier import client as client_module
-
-    buffer = torch.zeros(4096, dtype=torch.uint8)
-    calls: list[tuple[int, int, int]] = []
-
-    class FakeCudart:
-        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
-            calls.append((ptr, size, flags))
-            return 0 if size == 4096 else 1
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not client_module.page_lock(buffer)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "cudart", FakeCudart)
-    assert client_module.page_lock(buffer)
-    assert calls == [(buffer.data_ptr(), 4096, 0)]
-    assert not client_module.page_lock(torch.zeros(10, dtype=torch.uint8))  # an error code: not locked
-
-
 def test_concurrent_clients_only_ever_read_intact_blocks(root, start_sidecar):
     # A small DRAM tier under two writers and two readers: evictions, demotions, promotions and
     # leases all race; every block that comes back must be exactly what was saved.
@@ -311,3 +292,10 @@ def test_save_batches_cover_every_block_once_starting_short(count):
     assert all(0 < stop - start <= 32 for start, stop in spans)
     if count > 8:
         assert spans[0] == (0, 8)  # the first batch is copied with the disk idle: a short one
+
+
+def test_a_cuda_engines_client_hashes_on_more_threads(root):
+    # (connecting is lazy: no sidecar, and no GPU, is needed to build the client)
+    assert client_for(root).threads == COPY_THREADS
+    client = connect(worker_config(root), SHAPE, torch.float32, torch.device("cuda"))
+    assert isinstance(client, TierClient) and client.threads == DEVICE_COPY_THREADS > COPY_THREADS

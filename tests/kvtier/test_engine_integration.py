@@ -5,6 +5,7 @@ recomputation (same tokens, same logits). On the CPU here; on CUDA with STRATA_T
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ import torch
 from strata.worker.config import EngineConfig, ModelConfig, WorkerConfig
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.engine.sequence import SamplingParams
+from strata.worker.kv_connector import Tier
+from strata.worker.kvtier import pagelock
 from strata.worker.models.presets import write_model
 from strata.worker.server.main import build_engine
 
@@ -49,7 +52,24 @@ def prompt(seed: int) -> list[int]:
 
 @pytest.mark.parametrize("tier", list(TIERS))
 def test_decoding_from_a_lower_tier_equals_recomputation(model_dir, root, start_sidecar, tier):
-    config = engine_config(model_dir, root, **TIERS[tier])
+    decodes_like_recomputation(engine_config(model_dir, root, **TIERS[tier]), start_sidecar, tier)
+
+
+def test_decoding_from_dram_slots_in_memory_equals_recomputation(model_dir, root, start_sidecar, caplog):
+    """The slots on a memory file system, as the chart mounts them (the other tests keep them in
+    a file under /tmp). On CUDA the client page-locks them, so loads and saves are DMA."""
+    shm = Path("/dev/shm") / f"{root.name}-kv"
+    try:
+        with caplog.at_level(logging.WARNING, logger=pagelock.log.name):
+            config = engine_config(model_dir, root, dram={"shm_path": str(shm)})
+            decodes_like_recomputation(config, start_sidecar, "dram")
+        assert "cudaHostRegister" not in caplog.text
+    finally:
+        for path in shm.parent.glob(f"{shm.name}*"):  # the slots, their table, the sighting counts
+            path.unlink()
+
+
+def decodes_like_recomputation(config: WorkerConfig, start_sidecar: Any, tier: Tier) -> None:
     reference = LLMEngine.from_config(config).generate(prompt(1), PARAMS)
 
     start_sidecar(config.kvtier)

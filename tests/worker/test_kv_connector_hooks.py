@@ -179,8 +179,8 @@ def test_server_start_up_connects_the_sidecar_when_enabled(tiny_dir, monkeypatch
 
     calls = []
 
-    def fake_connect(config, block_shape, dtype):
-        calls.append((block_shape, dtype))
+    def fake_connect(config, block_shape, dtype, device):
+        calls.append((block_shape, dtype, device.type))
         return DictConnector()
 
     monkeypatch.setattr(client, "connect", fake_connect)
@@ -188,7 +188,7 @@ def test_server_start_up_connects_the_sidecar_when_enabled(tiny_dir, monkeypatch
     assert build_engine(base).tiers.connector is None and not calls
     enabled = base.model_copy(update={"kvtier": KVTierConfig(enabled=True, metrics_port=9001)})
     engine = build_engine(enabled)
-    assert calls == [((2, 2, 4, 2, 16), torch.float32)]
+    assert calls == [((2, 2, 4, 2, 16), torch.float32, "cpu")]  # the engine's device: its client's threads
     assert isinstance(engine.tiers.connector, DictConnector)
 
 

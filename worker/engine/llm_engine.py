@@ -153,7 +153,7 @@ class LLMEngine:
         if connector is None and connect_tiers and config.kvtier.enabled:
             from strata.worker.kvtier.client import connect  # only workers with the sidecar need it
 
-            connector = connect(config, block_shape(model, config.engine.block_size), dtype)
+            connector = connect(config, block_shape(model, config.engine.block_size), dtype, device)
         return cls(config, model, tokenizer, connector, chat_template, generation)
 
     @property

@@ -29,12 +29,14 @@ from strata.worker.kvtier import protocol
 from strata.worker.kvtier.arena import SlotArena
 from strata.worker.kvtier.blockcopy import (
     COPY_THREADS,
+    DEVICE_COPY_THREADS,
     copy_blocks,
     copy_hashing_addresses,
     flat_bytes,
     host_sources,
     save_blocks,
 )
+from strata.worker.kvtier.pagelock import page_lock, page_unlock
 from strata.worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class TierClient:
         timeout_s: float = 5.0,
         retry_s: float = 1.0,
         pins: Sequence[bytes] = (),
+        threads: int = COPY_THREADS,
     ) -> None:
         self.socket_path = socket_path
         self.block_shape = block_shape
@@ -69,8 +72,10 @@ class TierClient:
         self._retry_at = 0.0
         self._max_batch = 1
         self._down = False
-        # Copies and checksums of a batch in parallel: torch and xxhash release the GIL.
-        self._pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="kvtier-client")
+        # Copies and checksums of a batch in parallel: memmove, the compiled hash and torch's
+        # copies release the GIL. (From a GPU the copy engine copies and these threads hash.)
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtier-client")
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self._outstanding: deque[str] = deque()  # ops sent whose replies are still to be read
         self._stored = 0  # blocks the puts of the current save stored, by their replies
@@ -169,7 +174,7 @@ class TierClient:
         expected: list[int | None] = reply["checksums"]
         pairs = [(flat_bytes(out[i]), self._raw(slot)) for i, slot in enumerate(slots)]
         checked = any(want is not None for want in expected)  # nothing to check: a plain copy
-        sums: list[int | None] = list(self._copy(pairs, slots, hashed=checked)) or list(expected)
+        sums: list[int | None] = list(self._copy(pairs, hashed=checked)) or list(expected)
         intact = [want is None or got == want for got, want in zip(sums, expected, strict=True)]
         self.unverified_blocks += expected.count(None)
         return intact.index(False) if False in intact else len(intact)
@@ -244,11 +249,9 @@ class TierClient:
         }
         return put | {"checksums": sums} if any(s is not None for s in sums) else put
 
-    def _copy(self, pairs: Sequence[Pair], slots: Sequence[int], hashed: bool) -> list[int]:
+    def _copy(self, pairs: Sequence[Pair], hashed: bool) -> list[int]:
         """Copy the pairs; with ``hashed``, the checksums of the slots (read from) taken along."""
-        assert self._arena is not None
-        views = [self._arena.view(s, self.block_bytes) for s in slots] if hashed else None
-        return copy_blocks(self._pool, pairs, views, self._page_locked)
+        return copy_blocks(self._pool, pairs, hashed, self._page_locked)
 
     def _copy_to_slots(self, slots: Sequence[int], sources: Sequence[int]) -> list[int]:
         """Copy host blocks at ``sources`` into ``slots``, each hashed along its copy, with
@@ -263,14 +266,10 @@ class TierClient:
     def _save_from_device(
         self, tensors: Sequence[torch.Tensor], slots: Sequence[int], wanted: Sequence[bool]
     ) -> list[int | None]:
-        """Copy device blocks into ``slots`` (DMA from the page-locked mapping); the checksums
+        """Copy device blocks into ``slots`` (DMA into the page-locked mapping); the checksums
         of the slots the sidecar asked for (its staging ones), None for the others."""
-        assert self._arena is not None
         pairs = [(self._raw(s), flat_bytes(t)) for s, t in zip(slots, tensors, strict=True)]
-        views = [
-            self._arena.view(s, self.block_bytes) if w else None for s, w in zip(slots, wanted, strict=True)
-        ]
-        return save_blocks(self._pool, pairs, views, self._page_locked)
+        return save_blocks(self._pool, pairs, wanted, self._page_locked)
 
     def _raw(self, slot: int) -> torch.Tensor:
         assert self._slots is not None and self._arena is not None
@@ -368,12 +367,12 @@ class TierClient:
         self._unmap()
         self._arena = SlotArena(hello["shm_path"], hello["slot_bytes"], hello["num_slots"], create=False)
         self._slots = torch.frombuffer(self._arena.mmap, dtype=torch.uint8)
-        self._page_locked = page_lock(self._slots)
+        self._page_locked = page_lock(self._slots, hello["shm_path"])
         self._max_batch = max(1, int(hello.get("max_batch", 1)))
 
     def _unmap(self) -> None:
         if self._page_locked and self._slots is not None:
-            _cudart().cudaHostUnregister(self._slots.data_ptr())
+            page_unlock(self._slots)
         self._page_locked = False
         self._slots = None
         if self._arena is not None:
@@ -406,36 +405,25 @@ def save_batches(count: int, size: int) -> list[tuple[int, int]]:
     return [(0, first)] + [(i, min(i + size, count)) for i in range(first, count, size)]
 
 
-def _cudart() -> Any:
-    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
-
-
-def page_lock(buffer: torch.Tensor) -> bool:
-    """On a CUDA machine, register the shared mapping as page-locked memory so that copies
-    between it and the device are DMA and may be asynchronous. Best effort: without it copies
-    are synchronous but still correct."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        error = int(_cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0))
-    except (RuntimeError, AttributeError, TypeError) as err:
-        log.info("kvtier: cannot page-lock the shared slots (%s); device copies are synchronous", err)
-        return False
-    if error:
-        log.info("kvtier: cudaHostRegister returned %d; device copies are synchronous", error)
-    return error == 0
-
-
-def connect(config: WorkerConfig, block_shape: tuple[int, ...], dtype: torch.dtype) -> KVConnector:
+def connect(
+    config: WorkerConfig, block_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None
+) -> KVConnector:
     """The engine's connector to the sidecar named in ``config.kvtier`` (lazy: connects on
-    first use, so the engine may start before the sidecar). ``kvtier.pinned_prefixes`` are
-    tokenized with the model's tokenizer and their full blocks pinned in DRAM."""
+    first use, so the engine may start before the sidecar), for an engine on ``device``.
+    ``kvtier.pinned_prefixes`` are tokenized with the model's tokenizer and their full blocks
+    pinned in DRAM."""
     pins: list[bytes] = []
     if config.kvtier.pinned_prefixes:
         tokenizer = load_tokenizer(config.model.path)
         for text in config.kvtier.pinned_prefixes:
             pins += pinned_hashes(config, tokenizer.encode(text))
-    return TierClient(config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins)
+    threads = client_threads(device)
+    return TierClient(config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins, threads=threads)
+
+
+def client_threads(device: torch.device | None) -> int:
+    """Threads for a client of an engine on ``device``: more on CUDA, where they only hash."""
+    return DEVICE_COPY_THREADS if device is not None and device.type == "cuda" else COPY_THREADS
 
 
 def pinned_hashes(config: WorkerConfig, token_ids: Sequence[int]) -> list[bytes]:

@@ -51,6 +51,7 @@ from strata.worker.kvtier.sightings import (
     SIGHTINGS,
     Keeper,
     Place,
+    dram_sightings_path,
     open_places,
 )
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
@@ -241,7 +242,7 @@ class KVTierService:
         written down at its eviction, as it would have been)."""
         cfg, mover = self.config, self._require()
         counts, dram = mover.seen, mover.dram
-        on_nvme, in_dram = Path(cfg.nvme.path) / "sightings.bin", Path(f"{dram.arena.path}.sightings")
+        on_nvme, in_dram = Path(cfg.nvme.path) / "sightings.bin", dram_sightings_path(dram.arena.path)
         if cfg.nvme.persistent:
             in_dram.unlink(missing_ok=True)
             return Place("sightings", SIGHTINGS, counts, on_nvme, every_s=NVME_SAVE_EVERY_S)

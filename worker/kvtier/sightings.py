@@ -53,6 +53,11 @@ NVME_SAVE_EVERY_S = 300.0
 SHM_LEAVE_FREE = 64 << 20
 
 
+def dram_sightings_path(shm_path: str | Path) -> Path:
+    """Where the counts are saved beside a DRAM tier's slots (when NVMe does not persist)."""
+    return Path(f"{shm_path}.sightings")
+
+
 def header(policy: str, learnt: Learnt, digest: int) -> bytes:
     """The file's first ``HEADER.size`` bytes (``digest``: the counters' xxh3); the counters
     follow."""
