@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import xxhash
 
-from strata.worker.kvtier import blockcopy, native
+from strata.worker.kvtier import arena, blockcopy, native
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.blockcopy import (
     CHUNK_BYTES,
@@ -110,3 +111,15 @@ def test_copies_by_address_equal_copies_by_view(path):
         streamed_sums = copy_hashing_addresses(pool, moved, stream=True)
     assert sums == streamed_sums == [checksum(s.numpy().data) for s in sources]
     assert all(torch.equal(d, s) for d, s in zip(slots + streamed, sources + sources, strict=True))
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 3 * CHUNK_BYTES - 7])
+def test_the_tiers_checksum_is_xxh3_by_either_routine(size, monkeypatch):
+    # Writable memory (a slot, a read buffer) is hashed by the compiled routine, which lets go of
+    # the GIL; bytes and read-only views by xxhash: the same value either way.
+    data = random_bytes(size, 3).numpy().tobytes()
+    want = xxhash.xxh3_64_intdigest(data)
+    writable = memoryview(bytearray(data))
+    assert checksum(writable) == checksum(data) == checksum(memoryview(data)) == want
+    monkeypatch.setattr(arena, "copyhash", lambda: None)
+    assert checksum(writable) == want
