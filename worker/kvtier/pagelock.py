@@ -4,10 +4,10 @@ the driver's pageable path.
 
 Best effort: a mapping the driver cannot pin (a file on a disk file system: Linux refuses
 long-lived pins of writable file-backed pages that are not memory-backed) still works, with
-synchronous copies at a fraction of the rate, and the client says so once in its log. A failed
-``cudaHostRegister`` also leaves the CUDA runtime's last-error set, and torch's next
-kernel-launch check raises it as its own ("CUDA error: invalid argument"), so the error is read
-off at once: without that the engine's first step after connecting fails.
+synchronous copies at a fraction of the rate, and the client says so in its log (at each
+connection). A failed ``cudaHostRegister`` also leaves the CUDA runtime's last-error set, and
+torch's next kernel-launch check raises it as its own ("CUDA error: invalid argument"), so the
+error is read off at once: without that the engine's first step after connecting fails.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def page_lock(buffer: torch.Tensor, where: str = "") -> bool:
             "(/dev/shm, or an emptyDir with medium: Memory)",
             where,
             error,
+            extra={"event": "page_lock_refused", "shm_path": where, "cuda_error": error},
         )
     return error == 0
 
