@@ -7,8 +7,8 @@ chains of 32 through the real reserve and put path, reserves them all again (eac
 prefix-aware order's heap takes stale entries), and reports its anonymous RSS grown per block
 per tier; then the same in a fresh one for a DRAM tier of as many blocks, measured once the
 sealer has taken every block's checksum, as a sidecar holds them (the puts bring none; measured
-before, as until 2026-12-04, a DRAM block read 60-70 bytes less by how far the sealer had got). Blocks of 4 KiB, so
-the tiers' files stay small; the index does not depend on the block size.
+before, as until 2026-12-04, a DRAM block read 60-70 bytes less by how far the sealer had got).
+Blocks of 4 KiB, so the tiers' files stay small; the index does not depend on the block size.
 
 A restart needs more for a moment than it holds after (the NVMe log's records beside the index
 built from them), so each is restarted too, in a fresh interpreter, measured in RSS
