@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from bench import kvtier_hits, kvtier_latency, kvtier_memory
-from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth
+from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth, gbps_ratios, ratio
 from bench.kvtier_sidecar import config, drop_page_cache, sidecar
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier.client import TierClient, client_threads
@@ -189,14 +189,16 @@ RATIOS = (
 
 
 def ratios(result: dict[str, Any]) -> dict[str, float]:
-    def r(a: float, b: float) -> float:
-        return round(a / b, 3) if b else 0.0
+    return gbps_ratios(result, RATIOS) | ttft_ratios(result["ttft_s"])
 
-    out = {name: r(result[f"{of}_gbps"], result[f"{to}_gbps"]) for name, of, to in RATIOS}
-    for name, times in result["ttft_s"].items():
-        for tier in ("hbm", "dram", "nvme"):
-            out[f"ttft_{name}_cold_over_{tier}"] = r(times["cold"], times[tier])
-    return out
+
+def ttft_ratios(ttft_s: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each prompt's cold TTFT over its TTFT from each tier."""
+    return {
+        f"ttft_{name}_cold_over_{tier}": ratio(times["cold"], times[tier])
+        for name, times in ttft_s.items()
+        for tier in ("hbm", "dram", "nvme")
+    }
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from bench.bench_kvtier import ttft
+from bench.bench_kvtier import ttft, ttft_ratios
 from bench.kvtier_device import device_bandwidth
 
 
@@ -27,8 +27,6 @@ def run() -> dict[str, Any]:
         result["ttft_s"] = ttft(root, device)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    for name, times in result["ttft_s"].items():
-        for tier in ("hbm", "dram", "nvme"):
-            result["ratios"][f"ttft_{name}_cold_over_{tier}"] = round(times["cold"] / times[tier], 3)
+    result["ratios"] |= ttft_ratios(result["ttft_s"])
     result["summary"] = ", ".join(f"{k} {v}" for k, v in result["ratios"].items())
     return result

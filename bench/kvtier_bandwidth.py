@@ -44,7 +44,7 @@ import math
 import mmap
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -100,6 +100,16 @@ def interleaved(
     result = {f"{name}_gbps": round(nbytes / seconds / 1e9, 3) for name, seconds in wall.items()}
     result |= {f"{name}_cpu_gbps": round(nbytes / seconds / 1e9, 3) for name, (seconds, _) in cpu.items()}
     return result | {"cpu_s_per_gb": cpu_per_gb(nbytes, cpu)}
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b`` to three places; 0 where nothing was measured against."""
+    return round(a / b, 3) if b else 0.0
+
+
+def gbps_ratios(result: dict[str, Any], table: Iterable[tuple[str, str, str]]) -> dict[str, float]:
+    """Each ``(name, pass, against)`` of ``table``: the pass's GB/s over the other's."""
+    return {name: ratio(result[f"{of}_gbps"], result[f"{to}_gbps"]) for name, of, to in table}
 
 
 def cpu_per_gb(nbytes: int, cpu: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:

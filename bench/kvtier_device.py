@@ -35,6 +35,7 @@ from bench.kvtier_bandwidth import (
     NUM_BLOCKS,
     REPEATS,
     Pass,
+    gbps_ratios,
     interleaved,
     tier_client,
     tier_passes,
@@ -89,9 +90,7 @@ def device_bandwidth(
     pairs = zip(out, source, strict=True)
     if not all(torch.equal(o.view(torch.int16), b.view(torch.int16)) for o, b in pairs):
         raise RuntimeError("kvtier device bench: blocks came back different")
-    result["ratios"] = {
-        name: round(result[f"{of}_gbps"] / result[f"{to}_gbps"], 3) for name, of, to in ratios(threads)
-    }
+    result["ratios"] = gbps_ratios(result, ratios(threads))
     return result
 
 

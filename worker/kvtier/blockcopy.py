@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import xxhash
 
+from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.native import copyhash
 
 # The Python path copies, then hashes, a chunk at a time: small enough to stay in a core's L2
@@ -198,10 +199,7 @@ def _hash_once_landed(event: torch.cuda.Event, slot: torch.Tensor, wanted: bool)
 
 
 def slot_hash(slot: torch.Tensor) -> int:
-    """XXH3-64 of a flat uint8 host tensor (equal to :func:`~strata.worker.kvtier.arena.checksum`),
-    by the compiled routine where it built, which lets go of the GIL for the whole block."""
+    """:func:`~strata.worker.kvtier.arena.checksum` of a flat uint8 host tensor (a slot: writable,
+    so by the compiled routine where it built, which lets go of the GIL for the whole block)."""
     _check_pair(slot, slot)
-    routine = copyhash()
-    if routine is not None:
-        return routine.hash(slot.data_ptr(), slot.numel())
-    return xxhash.xxh3_64_intdigest(memoryview((ctypes.c_char * slot.numel()).from_address(slot.data_ptr())))
+    return checksum(slot.numpy().data)
