@@ -195,15 +195,16 @@ def tier_client(
     nvme: int = 0,
     verify: bool = True,
     threads: int = COPY_THREADS,
+    gpu_hash: bool = True,
 ) -> Iterator[tuple[TierClient, Path]]:
     """A sidecar with only this tier (its pid into ``pids``), its client (copying and hashing
-    on ``threads``), and the NVMe data file."""
+    on ``threads``; GPU blocks hashed by the GPU with ``gpu_hash``), and the NVMe data file."""
     block_bytes = BLOCK_BYTES
     settings = config(root, name, dram=dram, nvme=nvme, verify_reads=verify)
     started: list[int] = []
     with sidecar(root, settings, block_bytes, started) as kv:
         pids[name] = started[0]
-        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE, threads=threads)
+        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE, threads=threads, gpu_hash=gpu_hash)
         try:
             yield client, Path(kv.nvme.path) / "blocks.dat"
         finally:

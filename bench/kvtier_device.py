@@ -9,9 +9,15 @@ interleaved like ``kvtier_bandwidth`` (each repeat runs every pass once; each ke
 - ``dram_save``: the same through the client's ``save``, as the engine saves the blocks a step
   evicted: ``dram_save_returned`` is the time until it returned (the DMA landed, the put sent:
   what the engine waits for), ``dram_save`` until the sidecar's sealer has taken every slot's
-  checksum (the client hashes only staging slots from a GPU; the sealer hashes the others).
-- ``dram_get``: the chain put a repeat earlier loaded back into GPU blocks, each slot checked
-  against its checksum (on the client's threads while the DMA runs), against ``h2d``.
+  checksum.
+- ``dram_get``: the chain put a repeat earlier loaded back into GPU blocks, each block checked
+  against its checksum, against ``h2d``.
+- every pass runs once per client of ``CLIENTS``: ``dram`` a CUDA engine's, whose blocks the GPU
+  hashes (the DRAM slots of a save then arrive sealed, and a load checks the blocks where they
+  landed); ``dram_host`` and ``dram_host_t4`` hash on the host's threads, 8 and 4 (a save's DRAM
+  slots sealed by the sidecar afterwards; a load's slots hashed while the copy engine runs).
+- ``gpu_hash``: the GPU's checksums of the blocks alone (:mod:`~strata.worker.kvtier.devicehash`;
+  on the CPU it does nothing).
 - ``d2h_pageable`` / ``h2d_pageable``: the same copies through ordinary (pageable) host
   memory, which is what a connector whose slots were not page-locked would get.
 
@@ -42,18 +48,21 @@ from bench.kvtier_bandwidth import (
     wait_sealed,
 )
 from bench.kvtier_sidecar import refs
-from strata.worker.kvtier.blockcopy import COPY_THREADS, DEVICE_COPY_THREADS
+from strata.worker.kvtier import devicehash
+from strata.worker.kvtier.blockcopy import COPY_THREADS, DEVICE_COPY_THREADS, flat_bytes
 from strata.worker.kvtier.client import TierClient
 
-# The client's thread counts the DRAM passes run with: a CUDA engine's (``dram``), a host
-# engine's and more. From a GPU the copy engine copies and these threads hash the slots.
-CLIENT_THREADS = (DEVICE_COPY_THREADS, COPY_THREADS, 12)
-# (ratio, pass, the pass it is measured against), by wall-clock GB/s
-RATIOS = (
-    ("dram_put_over_d2h", "dram_put", "d2h"),
-    ("dram_get_over_h2d", "dram_get", "h2d"),
-    ("dram_save_over_d2h", "dram_save", "d2h"),
-    ("dram_save_returned_over_d2h", "dram_save_returned", "d2h"),
+# The clients the DRAM passes run with, each with its own sidecar: (tier name, client threads,
+# whether the GPU hashes the blocks). ``dram`` is a CUDA engine's (the GPU hashes); the others
+# hash the slots on the host's threads while the copy engine copies, as before the GPU's hash.
+CLIENTS = (
+    ("dram", DEVICE_COPY_THREADS, True),
+    ("dram_host", DEVICE_COPY_THREADS, False),
+    (f"dram_host_t{COPY_THREADS}", COPY_THREADS, False),
+)
+# (pass, the pass it is measured against), by wall-clock GB/s, for each client's tier
+TIER_RATIOS = (("put", "d2h"), ("get", "h2d"), ("save", "d2h"), ("save_returned", "d2h"))
+COPY_RATIOS = (
     ("d2h_pageable_over_d2h", "d2h_pageable", "d2h"),
     ("h2d_pageable_over_h2d", "h2d_pageable", "h2d"),
 )
@@ -64,11 +73,11 @@ def device_bandwidth(
     device: torch.device,
     blocks: int = NUM_BLOCKS,
     repeats: int = REPEATS,
-    threads: Sequence[int] = CLIENT_THREADS,
+    clients: Sequence[tuple[str, int, bool]] = CLIENTS,
 ) -> dict[str, Any]:
     """GB/s of each pass (best of ``repeats``) and the ratios, the DRAM tier's passes once per
-    client thread count (``dram`` a CUDA engine's count, ``dram_t<n>`` the others, each with
-    its own sidecar); raises when a block comes back different from the one saved."""
+    client of ``clients``, each with its own sidecar; raises when a block comes back different
+    from the one saved."""
     source = [torch.randn(BLOCK_SHAPE, device=device).to(DTYPE) for _ in range(blocks)]
     out = [torch.empty_like(b) for b in source]
     pinned = [torch.empty(BLOCK_SHAPE, dtype=DTYPE, pin_memory=device.type == "cuda") for _ in source]
@@ -76,21 +85,21 @@ def device_bandwidth(
     nbytes = blocks * math.prod(BLOCK_SHAPE) * DTYPE.itemsize
     room = 3 * (blocks + 8) * nbytes // blocks  # the chain read, the chain put, the chain saved
     pids: dict[str, int] = {}
-    returned: list[float] = []
+    returned: dict[str, list[float]] = {tier: [] for tier, _, _ in clients}
     with ExitStack() as stack:
         passes = copy_passes(device, source, out, pinned, pageable)
-        for count in threads:
-            tier = "dram" if count == DEVICE_COPY_THREADS else f"dram_t{count}"
-            client, _ = stack.enter_context(tier_client(root, tier, pids, dram=room, threads=count))
+        for tier, threads, gpu_hash in clients:
+            connected = tier_client(root, tier, pids, dram=room, threads=threads, gpu_hash=gpu_hash)
+            client, _ = stack.enter_context(connected)
             passes |= tier_passes(tier, client, source, out, None, repeats=repeats)
-            if count == DEVICE_COPY_THREADS:
-                passes["dram_save"] = save_pass(client, source, returned)
+            passes[f"{tier}_save"] = save_pass(client, source, returned[tier])
         result = interleaved(nbytes, passes, pids, repeats)
-    result["dram_save_returned_gbps"] = round(nbytes / min(returned) / 1e9, 3)
+    for tier, times in returned.items():
+        result[f"{tier}_save_returned_gbps"] = round(nbytes / min(times) / 1e9, 3)
     pairs = zip(out, source, strict=True)
     if not all(torch.equal(o.view(torch.int16), b.view(torch.int16)) for o, b in pairs):
         raise RuntimeError("kvtier device bench: blocks came back different")
-    result["ratios"] = gbps_ratios(result, ratios(threads))
+    result["ratios"] = gbps_ratios(result, ratios([tier for tier, _, _ in clients]))
     return result
 
 
@@ -110,14 +119,13 @@ def save_pass(client: TierClient, source: list[torch.Tensor], returned: list[flo
     return run
 
 
-def ratios(threads: Sequence[int]) -> list[tuple[str, str, str]]:
-    """``RATIOS``, and a DRAM put's and get's for each other client thread count."""
-    more = [f"dram_t{count}" for count in threads if count != DEVICE_COPY_THREADS]
-    return list(RATIOS) + [
+def ratios(tiers: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(ratio, pass, against) of each tier's passes, and of the pageable copies."""
+    return [
         (f"{tier}_{op}_over_{against}", f"{tier}_{op}", against)
-        for tier in more
-        for op, against in (("put", "d2h"), ("get", "h2d"))
-    ]
+        for tier in tiers
+        for op, against in TIER_RATIOS
+    ] + list(COPY_RATIOS)
 
 
 def copy_passes(
@@ -129,6 +137,7 @@ def copy_passes(
 ) -> dict[str, Pass]:
     """Torch's copies of the blocks between the device and host memory, without the tiers."""
     return {
+        "gpu_hash": _hashes(source),
         "d2h": _copies(device, zip(pinned, source, strict=True)),
         "h2d": _copies(device, zip(out, pinned, strict=True)),
         "d2h_pageable": _copies(device, zip(pageable, source, strict=True)),
@@ -146,5 +155,16 @@ def _copies(device: torch.device, pairs: Iterable[tuple[torch.Tensor, torch.Tens
             dst.copy_(src, non_blocking=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
+    return run
+
+
+def _hashes(source: list[torch.Tensor]) -> Pass:
+    """One pass of the GPU's checksums of every block (nothing on the CPU)."""
+    blocks = [flat_bytes(b) for b in source]
+
+    def run(_: int) -> None:
+        if devicehash.usable(blocks):
+            devicehash.checksums(blocks)
 
     return run

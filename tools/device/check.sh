@@ -11,7 +11,9 @@
 #   4. the KV tiers' CUDA path: tests/kvtier/test_engine_integration.py on CUDA
 #      (STRATA_TEST_DEVICE=cuda: blocks saved from the GPU's cache to DRAM, NVMe and the shared
 #      tier, loaded back into it, and decoding from them equal to recomputation), in steps.log;
+#      the GPU's checksums against the host's (tests/kvtier/test_devicehash.py, test_blockcopy.py);
 #      and the GPU benchmark's passes, small (tests/bench/test_kvtier_device.py);
+#   4b. the GPU's checksums alone by their tunables (hash_probe.py), in steps.log;
 #   5. the worker benchmark on the GPU (`python -m bench worker`), worker.json;
 #   6. the KV tiers' benchmark on the GPU (`python -m bench kvtier_device`: the DRAM tier's put
 #      and get of GPU blocks against the copy engine's own rate, and TTFT cold and from HBM,
@@ -53,7 +55,9 @@ if [ "$DEVICE" = cpu ]; then SIZES="--preset tiny --prompt-tokens 256 --batch 2 
 if [ "$DEVICE" = cuda ]; then step pagelock 60 python3 tools/device/pagelock_probe.py /dev/shm /tmp "$PWD"; fi
 step gpu-check 120 bash -c "python3 -m strata worker gpu-check --device $DEVICE $SIZES >'$OUT/gpu-check.json'"
 step "kvtier-$DEVICE" 150 env STRATA_TEST_DEVICE="$DEVICE" python3 -m pytest -q -p no:cacheprovider \
-  tests/kvtier/test_engine_integration.py tests/bench/test_kvtier_device.py
+  tests/kvtier/test_engine_integration.py tests/kvtier/test_devicehash.py tests/kvtier/test_blockcopy.py \
+  tests/bench/test_kvtier_device.py
+if [ "$DEVICE" = cuda ]; then step hash-probe 90 python3 tools/device/hash_probe.py; fi
 step worker-bench 150 python3 -m bench worker
 cp bench/results/worker.json "$OUT/" 2>/dev/null
 step kvtier-device-bench 150 python3 -m bench kvtier_device

@@ -20,12 +20,15 @@ while the copy engine runs, a save its staging slots each as soon as its own cop
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import xxhash
 
+from strata.worker.kvtier import devicehash
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.native import copyhash
 
@@ -44,6 +47,12 @@ COPY_THREADS = 4  # the client's copying threads (a batch is split into this man
 # 96 blocks of 2 MiB, side by side in one run, twice: a DRAM load at 0.37x / 0.38x of the copy
 # engine's rate with 4 threads, 0.49x / 0.50x with 8, 0.42x / 0.42x with 12.
 DEVICE_COPY_THREADS = 8
+
+log = logging.getLogger(__name__)
+_gpu_hash_failed = False  # set once the GPU's hash failed here: the host hashes from then on
+# A load's blocks are hashed by the GPU in this many parts, each as soon as its copies landed
+# (while the copy engine moves the next), so that only the last part's hash follows the copies.
+LOAD_HASH_PARTS = 4
 
 
 def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -140,18 +149,25 @@ def copy_blocks(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
     hashed: bool,
     page_locked: bool,
+    gpu_hash: bool = True,
 ) -> list[int]:
     """Copy ``dst, src`` pairs (flat uint8 views), all finished on return. With ``hashed``
     returns each source's checksum (the slots read from), taken along: host copies run on
     ``pool``, each hashed chunk by chunk as it is copied; device copies are queued
-    asynchronously (DMA from the page-locked mapping) and the slots hashed on ``pool``
-    meanwhile, by the compiled routine where it built (it lets go of the GIL)."""
+    asynchronously (DMA from the page-locked mapping), then with ``gpu_hash`` the blocks are
+    hashed where they landed, by the GPU (:mod:`~strata.worker.kvtier.devicehash`); else (or
+    where it cannot) the slots are hashed on ``pool`` meanwhile, by the compiled routine where
+    it built (it lets go of the GIL)."""
     devices = {t.device for pair in pairs for t in pair if t.is_cuda}
     if not devices:
         if not hashed:
             list(pool.map(lambda pair: host_copy(*pair), pairs))
             return []
         return copy_hashing_all(pool, pairs)
+    if hashed and gpu_hash and not _gpu_hash_failed and devicehash.usable([dst for dst, _ in pairs]):
+        on_device = _load_hashed_by_gpu(pairs, page_locked)
+        if on_device is not None:
+            return on_device
     for dst, src in pairs:
         dst.copy_(src, non_blocking=page_locked)
     sums = list(pool.map(lambda pair: slot_hash(pair[1]), pairs)) if hashed else []
@@ -169,6 +185,7 @@ def save_blocks(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
     wanted: Sequence[bool],
     page_locked: bool,
+    gpu_hash: bool = True,
 ) -> list[int | None]:
     """Copy ``slot, source`` pairs into the slots, all finished on return, with checksums of
     the slots. Host copies hash every slot along the copy (fused, it costs less CPU than the
@@ -176,9 +193,14 @@ def save_blocks(
     copies hash only the slots ``wanted`` (the staging ones, written down at once; None for the
     others, which the sidecar seals off the engine's path, so that a save costs the engine no
     more than its DMA): the copies are queued, each followed by an event, and ``pool`` hashes
-    a wanted slot as soon as its own copy has landed, while the copy engine moves the next."""
+    a wanted slot as soon as its own copy has landed, while the copy engine moves the next.
+    With ``gpu_hash`` (where it can), the GPU hashes every source block instead, on a stream
+    of its own while the copies run: every slot comes with its checksum, none by the host."""
     if not any(t.is_cuda for pair in pairs for t in pair):
         return list(copy_hashing_all(pool, pairs))
+    sources = [source for _, source in pairs]
+    if gpu_hash and not _gpu_hash_failed and devicehash.usable(sources):
+        return list(_save_hashed_by_gpu(pairs, page_locked))
     landed = []
     for slot, source in pairs:
         slot.copy_(source, non_blocking=page_locked)
@@ -189,6 +211,70 @@ def save_blocks(
     sums = list(pool.map(lambda job: _hash_once_landed(job[0], job[1][0], job[2]), work))
     landed[-1].synchronize()  # (events complete in order: every copy has landed)
     return sums
+
+
+def _load_hashed_by_gpu(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], page_locked: bool
+) -> list[int] | None:
+    """Copy the slots into the blocks in ``LOAD_HASH_PARTS`` parts; the GPU hashes each part
+    on a side stream once its copies have landed, while the copy engine moves the next, so
+    only the last part's hash follows the copies. The blocks' checksums, all finished on
+    return; None if the GPU's hash failed (the caller copies and hashes again, on the host)."""
+    main = torch.cuda.current_stream()
+    side = _side_stream(main.device)
+    size = -(-len(pairs) // LOAD_HASH_PARTS)
+    queued = []
+    try:
+        for start in range(0, len(pairs), size):
+            part = pairs[start : start + size]
+            for dst, src in part:
+                dst.copy_(src, non_blocking=page_locked)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                queued.append(devicehash.queue([dst for dst, _ in part]))
+        with torch.cuda.stream(side):
+            return devicehash.words(queued)
+    except Exception as err:
+        _gpu_hash_fails(err)
+        return None
+
+
+def _save_hashed_by_gpu(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], page_locked: bool) -> list[int]:
+    """The sources' checksums by the GPU, hashed on a side stream while the copy engine copies
+    them into the slots; both finished on return (a failed GPU hash: by the host, after)."""
+    main = torch.cuda.current_stream()
+    side = _side_stream(main.device)
+    side.wait_stream(main)  # the blocks as the engine left them
+    for slot, source in pairs:
+        slot.copy_(source, non_blocking=page_locked)
+    with torch.cuda.stream(side):
+        sums = _hashed_by_gpu([source for _, source in pairs])
+    main.synchronize()
+    return sums if sums is not None else [slot_hash(slot) for slot, _ in pairs]
+
+
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+
+def _hashed_by_gpu(blocks: Sequence[torch.Tensor]) -> list[int] | None:
+    """:func:`devicehash.checksums` of blocks it can hash (checked by the caller), or None if
+    it failed (it is then not asked again: the host hashes)."""
+    try:
+        return devicehash.checksums(blocks, checked=True)
+    except Exception as err:  # a kernel that would not build here: the host path still works
+        _gpu_hash_fails(err)
+        return None
+
+
+def _gpu_hash_fails(err: Exception) -> None:
+    global _gpu_hash_failed
+    _gpu_hash_failed = True
+    log.warning(
+        "kvtier: hashing blocks on the GPU failed; the host hashes them",
+        extra={"event": "gpu_hash_failed", "error": repr(err)},
+    )
 
 
 def _hash_once_landed(event: torch.cuda.Event, slot: torch.Tensor, wanted: bool) -> int | None:

@@ -57,6 +57,7 @@ class TierClient:
         retry_s: float = 1.0,
         pins: Sequence[bytes] = (),
         threads: int = COPY_THREADS,
+        gpu_hash: bool = True,
     ) -> None:
         self.socket_path = socket_path
         self.block_shape = block_shape
@@ -76,6 +77,8 @@ class TierClient:
         # copies release the GIL. (From a GPU the copy engine copies and these threads hash.)
         self.threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtier-client")
+        # Blocks on a GPU hashed by the GPU (where Triton can): no host thread reads them.
+        self.gpu_hash = gpu_hash
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self._outstanding: deque[str] = deque()  # ops sent whose replies are still to be read
         self._stored = 0  # blocks the puts of the current save stored, by their replies
@@ -251,7 +254,7 @@ class TierClient:
 
     def _copy(self, pairs: Sequence[Pair], hashed: bool) -> list[int]:
         """Copy the pairs; with ``hashed``, the checksums of the slots (read from) taken along."""
-        return copy_blocks(self._pool, pairs, hashed, self._page_locked)
+        return copy_blocks(self._pool, pairs, hashed, self._page_locked, self.gpu_hash)
 
     def _copy_to_slots(self, slots: Sequence[int], sources: Sequence[int]) -> list[int]:
         """Copy host blocks at ``sources`` into ``slots``, each hashed along its copy, with
@@ -267,9 +270,10 @@ class TierClient:
         self, tensors: Sequence[torch.Tensor], slots: Sequence[int], wanted: Sequence[bool]
     ) -> list[int | None]:
         """Copy device blocks into ``slots`` (DMA into the page-locked mapping); the checksums
-        of the slots the sidecar asked for (its staging ones), None for the others."""
+        of every block, by the GPU, where it hashes them (``gpu_hash``); else of the slots the
+        sidecar asked for (its staging ones), None for the others (the sidecar seals them)."""
         pairs = [(self._raw(s), flat_bytes(t)) for s, t in zip(slots, tensors, strict=True)]
-        return save_blocks(self._pool, pairs, wanted, self._page_locked)
+        return save_blocks(self._pool, pairs, wanted, self._page_locked, self.gpu_hash)
 
     def _raw(self, slot: int) -> torch.Tensor:
         assert self._slots is not None and self._arena is not None
