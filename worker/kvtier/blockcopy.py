@@ -12,9 +12,11 @@ mostly hides behind the copy's memory stalls; a batch is one call per copying th
 compiler, the same in Python: 256 KiB chunks, each copied by ``memmove`` and fed to a streaming
 XXH3 (two GIL handovers per chunk; the hash costs 20-35 % of the copy's CPU there).
 
-On a CUDA device the copy is a DMA from or to the page-locked slot: a load hashes the slot
-while the copy engine runs, a save its staging slots each as soon as its own copy has landed
-(an event per block); one synchronize ends the batch.
+On a CUDA device the copy is a DMA from or to the page-locked slot, and the GPU hashes the
+blocks itself (:mod:`~strata.worker.kvtier.devicehash`, on a side stream): a save while the copy
+engine copies them, a load a part at a time as its copies land. Where the GPU cannot, the host
+hashes: a load the slots while the copy engine runs, a save its staging slots each as soon as
+its own copy has landed (an event per block); one synchronize ends the batch.
 """
 
 from __future__ import annotations
