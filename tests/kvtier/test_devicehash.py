@@ -6,6 +6,7 @@ STRATA_TEST_DEVICE=cuda (tools/device/check.sh)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -129,3 +130,27 @@ def test_on_the_gpu_a_load_whose_hash_fails_is_checked_by_the_host(monkeypatch):
         all(torch.equal(b.cpu(), s) for b, s in zip(blocks, slots, strict=True))
         and blockcopy._gpu_hash_failed
     )
+
+
+def test_warming_up_builds_the_kernels_for_the_engines_block_size(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger=blockcopy.__name__)
+    hashed: list[int] = []
+
+    def recorded(blocks, checked=False):
+        hashed.append(blocks[0].numel())
+        return [0]
+
+    monkeypatch.setattr(blockcopy, "_gpu_hash_failed", False)
+    monkeypatch.setattr(devicehash, "usable", lambda blocks: True)
+    monkeypatch.setattr(devicehash, "checksums", recorded)
+    assert blockcopy.warm_gpu_hash(DEVICE, 8192) and hashed == [8192]
+    assert any(getattr(r, "event", "") == "gpu_hash_ready" for r in caplog.records)
+
+
+def test_without_a_gpu_hash_warming_up_says_the_host_hashes(caplog):
+    caplog.set_level(logging.INFO, logger=blockcopy.__name__)
+    if DEVICE.type == "cuda":
+        assert blockcopy.warm_gpu_hash(DEVICE, 2 << 20)  # the real kernels, built
+        return
+    assert not blockcopy.warm_gpu_hash(DEVICE, 8192)
+    assert any(getattr(r, "event", "") == "gpu_hash_unavailable" for r in caplog.records)

@@ -270,6 +270,23 @@ def _hashed_by_gpu(blocks: Sequence[torch.Tensor]) -> list[int] | None:
         return None
 
 
+def warm_gpu_hash(device: torch.device, block_bytes: int) -> bool:
+    """Build the GPU hash's kernels for blocks of ``block_bytes`` on ``device`` now (Triton
+    compiles them on first use, about a second), so that the engine's first save or load does
+    not wait for it; whether the GPU will hash such blocks (logged either way)."""
+    try:
+        blocks = [torch.zeros(block_bytes, dtype=torch.uint8, device=device)]
+    except RuntimeError:  # no device to build for after all: the first copy will say why
+        blocks = []
+    ready = not _gpu_hash_failed and devicehash.usable(blocks) and _hashed_by_gpu(blocks) is not None
+    log.info(
+        "kvtier: %s hashes the blocks it saves and loads",
+        "the GPU" if ready else "the host",
+        extra={"event": "gpu_hash_ready" if ready else "gpu_hash_unavailable", "block_bytes": block_bytes},
+    )
+    return ready
+
+
 def _gpu_hash_fails(err: Exception) -> None:
     global _gpu_hash_failed
     _gpu_hash_failed = True

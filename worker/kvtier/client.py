@@ -35,6 +35,7 @@ from strata.worker.kvtier.blockcopy import (
     flat_bytes,
     host_sources,
     save_blocks,
+    warm_gpu_hash,
 )
 from strata.worker.kvtier.pagelock import page_lock, page_unlock
 from strata.worker.tokenizer import load_tokenizer
@@ -422,7 +423,10 @@ def connect(
         for text in config.kvtier.pinned_prefixes:
             pins += pinned_hashes(config, tokenizer.encode(text))
     threads = client_threads(device)
-    return TierClient(config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins, threads=threads)
+    client = TierClient(config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins, threads=threads)
+    if device is not None and device.type == "cuda":
+        warm_gpu_hash(device, client.block_bytes)  # compiled now, not on the first request
+    return client
 
 
 def client_threads(device: torch.device | None) -> int:
