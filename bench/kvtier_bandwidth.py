@@ -352,29 +352,30 @@ def file_passes(root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor
 
 
 def staged_passes(
-    root: Path, blocks: list[torch.Tensor], out: list[torch.Tensor], pool: ThreadPoolExecutor
+    root: Path,
+    blocks: list[torch.Tensor],
+    out: list[torch.Tensor],
+    pool: ThreadPoolExecutor,
+    copy: Callable[[torch.Tensor, torch.Tensor], object] = host_copy,
 ) -> dict[str, Pass]:
     """Direct file I/O through page-aligned staging buffers, as a plain program must do it when
     its blocks live where the disk cannot reach them (a GPU's memory, another process's): each
-    I/O thread copies its block into its buffer by ``memmove`` and writes it, or reads it and
-    copies it out. The tier's NVMe path is this, with its checksums and protocol on top."""
+    I/O thread copies its block into its buffer (``copy``: by ``memmove``; from a GPU, a DMA
+    into page-locked buffers) and writes it, or reads it and copies it out. The tier's NVMe
+    path is this, with its checksums and protocol on top."""
     size = blocks[0].numel() * blocks[0].element_size()
-    staging = mmap.mmap(-1, size * len(blocks))
-    whole = torch.frombuffer(staging, dtype=torch.uint8)
-    slots = [
-        (memoryview(staging)[i * size : (i + 1) * size], whole[i * size : (i + 1) * size])
-        for i in range(len(blocks))
-    ]
+    whole, view = _staging(size * len(blocks), pinned=blocks[0].is_cuda)
+    slots = [(view[i * size : (i + 1) * size], whole[i * size : (i + 1) * size]) for i in range(len(blocks))]
     sources, targets = [flat_bytes(b) for b in blocks], [flat_bytes(o) for o in out]
     path = _preallocated(root / "plain-staged.dat", size * len(blocks))
 
     def write(fd: int, i: int, _: int) -> int:
-        host_copy(slots[i][1], sources[i])
+        copy(slots[i][1], sources[i])
         return os.pwritev(fd, [slots[i][0]], i * size)
 
     def read(fd: int, i: int, _: int) -> int:
         done = os.preadv(fd, [slots[i][0]], i * size)
-        host_copy(targets[i], slots[i][1])
+        copy(targets[i], slots[i][1])
         return done
 
     count = len(blocks)
@@ -382,6 +383,18 @@ def staged_passes(
         "staged_direct_write": _io_pass(path, os.O_DIRECT, pool, write, count, size, writing=True),
         "staged_direct_read": _io_pass(path, os.O_DIRECT, pool, read, count, size, writing=False),
     }
+
+
+def _staging(nbytes: int, pinned: bool) -> tuple[torch.Tensor, memoryview]:
+    """Page-aligned staging buffers (direct I/O needs them), as a tensor and its bytes: an
+    anonymous mapping, or page-locked memory from the CUDA driver (DMA to and from the GPU)."""
+    if not pinned:
+        staging = mmap.mmap(-1, nbytes)
+        return torch.frombuffer(staging, dtype=torch.uint8), memoryview(staging)
+    whole = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    if whole.data_ptr() % mmap.PAGESIZE:
+        raise RuntimeError("kvtier bench: page-locked staging buffers are not page-aligned")
+    return whole, whole.numpy().data
 
 
 def _preallocated(path: Path, nbytes: int) -> Path:

@@ -18,6 +18,11 @@ interleaved like ``kvtier_bandwidth`` (each repeat runs every pass once; each ke
   slots sealed by the sidecar afterwards; a load's slots hashed while the copy engine runs).
 - ``gpu_hash``: the GPU's checksums of the blocks alone (:mod:`~strata.worker.kvtier.devicehash`;
   on the CPU it does nothing).
+- ``nvme_full_get`` / ``nvme_full_put``: a full NVMe tier's (its steady state) load and save of
+  the blocks through a CUDA engine's client, against ``staged_direct_read`` / ``_write``: a
+  plain program's direct I/O of the same blocks with the tier's I/O threads (4), each block
+  copied by DMA between the GPU and a page-locked staging buffer, as the disk cannot reach the
+  GPU's memory.
 - ``d2h_pageable`` / ``h2d_pageable``: the same copies through ordinary (pageable) host
   memory, which is what a connector whose slots were not page-locked would get.
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,18 +44,21 @@ import torch
 from bench.kvtier_bandwidth import (
     BLOCK_SHAPE,
     DTYPE,
+    FULL_CHAINS,
     NUM_BLOCKS,
     REPEATS,
+    THREADS,
     Pass,
     gbps_ratios,
     interleaved,
+    staged_passes,
     tier_client,
     tier_passes,
     wait_sealed,
 )
 from bench.kvtier_sidecar import refs
 from strata.worker.kvtier import devicehash
-from strata.worker.kvtier.blockcopy import COPY_THREADS, DEVICE_COPY_THREADS, flat_bytes
+from strata.worker.kvtier.blockcopy import COPY_THREADS, DEVICE_COPY_THREADS, flat_bytes, host_copy
 from strata.worker.kvtier.client import TierClient
 
 # The clients the DRAM passes run with, each with its own sidecar: (tier name, client threads,
@@ -66,6 +75,12 @@ COPY_RATIOS = (
     ("d2h_pageable_over_d2h", "d2h_pageable", "d2h"),
     ("h2d_pageable_over_h2d", "h2d_pageable", "h2d"),
 )
+# The NVMe tier from the GPU, full (its steady state), against a plain program's direct I/O
+# through page-locked staging buffers it copies the blocks to and from (by DMA), as it must.
+NVME_RATIOS = (
+    ("nvme_full_get_over_staged_direct_read", "nvme_full_get", "staged_direct_read"),
+    ("nvme_full_put_over_staged_direct_write", "nvme_full_put", "staged_direct_write"),
+)
 
 
 def device_bandwidth(
@@ -74,10 +89,11 @@ def device_bandwidth(
     blocks: int = NUM_BLOCKS,
     repeats: int = REPEATS,
     clients: Sequence[tuple[str, int, bool]] = CLIENTS,
+    nvme: bool = True,
 ) -> dict[str, Any]:
     """GB/s of each pass (best of ``repeats``) and the ratios, the DRAM tier's passes once per
-    client of ``clients``, each with its own sidecar; raises when a block comes back different
-    from the one saved."""
+    client of ``clients``, each with its own sidecar, and with ``nvme`` the NVMe tier's (a CUDA
+    engine's client); raises when a block comes back different from the one saved."""
     source = [torch.randn(BLOCK_SHAPE, device=device).to(DTYPE) for _ in range(blocks)]
     out = [torch.empty_like(b) for b in source]
     pinned = [torch.empty(BLOCK_SHAPE, dtype=DTYPE, pin_memory=device.type == "cuda") for _ in source]
@@ -93,14 +109,41 @@ def device_bandwidth(
             client, _ = stack.enter_context(connected)
             passes |= tier_passes(tier, client, source, out, None, repeats=repeats)
             passes[f"{tier}_save"] = save_pass(client, source, returned[tier])
+        if nvme:
+            passes |= nvme_passes(root, stack, source, out, pids, repeats)
         result = interleaved(nbytes, passes, pids, repeats)
     for tier, times in returned.items():
         result[f"{tier}_save_returned_gbps"] = round(nbytes / min(times) / 1e9, 3)
     pairs = zip(out, source, strict=True)
     if not all(torch.equal(o.view(torch.int16), b.view(torch.int16)) for o, b in pairs):
         raise RuntimeError("kvtier device bench: blocks came back different")
-    result["ratios"] = gbps_ratios(result, ratios([tier for tier, _, _ in clients]))
+    more = list(NVME_RATIOS) if nvme else []
+    result["ratios"] = gbps_ratios(result, ratios([tier for tier, _, _ in clients]) + more)
     return result
+
+
+def nvme_passes(
+    root: Path,
+    stack: ExitStack,
+    source: list[torch.Tensor],
+    out: list[torch.Tensor],
+    pids: dict[str, int],
+    repeats: int,
+) -> dict[str, Pass]:
+    """A full NVMe tier's get and put of the blocks through a CUDA engine's client (the GPU
+    hashing them; reads with the file's pages dropped), and the plain staged direct I/O they
+    are measured against (``kvtier_bandwidth.staged_passes``, its copies by torch)."""
+    room = (len(source) + 8) * math.prod(BLOCK_SHAPE) * DTYPE.itemsize
+    connected = tier_client(root, "nvme_full", pids, nvme=FULL_CHAINS * room, threads=DEVICE_COPY_THREADS)
+    client, data = stack.enter_context(connected)
+    passes = tier_passes("nvme_full", client, source, out, data, fill=FULL_CHAINS + 1, repeats=repeats)
+    pool = stack.enter_context(ThreadPoolExecutor(THREADS))
+    copy = _torch_copy if source[0].is_cuda else host_copy
+    return passes | staged_passes(root, source, out, pool, copy)
+
+
+def _torch_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)  # between the GPU and page-locked memory: a DMA, finished on return
 
 
 def save_pass(client: TierClient, source: list[torch.Tensor], returned: list[float]) -> Pass:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench import bench_kvtier_device
-from bench.kvtier_device import device_bandwidth, ratios
+from bench.kvtier_device import NVME_RATIOS, device_bandwidth, ratios
 from strata.worker.kvtier.blockcopy import DEVICE_COPY_THREADS
 
 DEVICE = torch.device(os.environ.get("STRATA_TEST_DEVICE", "cpu"))
@@ -22,6 +22,9 @@ def test_the_device_passes_move_every_block_through_the_dram_tier_and_back(tmp_p
         assert result[f"{measured}_gbps"] > 0 and result[f"{against}_gbps"] > 0
         assert result["ratios"][name] > 0
     assert "dram_host_t2_save_over_d2h" in result["ratios"]
+    for name, measured, against in NVME_RATIOS:  # a full NVMe tier, against staged direct I/O
+        assert result[f"{measured}_gbps"] > 0 and result[f"{against}_gbps"] > 0
+        assert result["ratios"][name] > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine measures")
