@@ -175,6 +175,11 @@ class KVTierConfig(_Strict):
         64, ge=0, le=256, description="Queued requests whose blocks the tiers keep and move up; 0: none."
     )
     metrics_port: int = Field(8001, ge=1, le=65535, description="Port of the sidecar's /metrics and /health.")
+    gpu_checksums: bool = Field(
+        True,
+        description="On a CUDA engine the GPU computes the blocks' checksums (Triton), where it can; "
+        "false: the host's threads hash them, as without Triton.",
+    )
     memory_bytes: int | None = Field(
         None,
         gt=0,

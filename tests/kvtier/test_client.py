@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from strata.worker.kv_connector import BlockRef, chain_hashes, root_hash
+from strata.worker.kvtier import client as client_module
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.blockcopy import COPY_THREADS, DEVICE_COPY_THREADS
 from strata.worker.kvtier.client import TierClient, connect, save_batches
@@ -299,3 +300,14 @@ def test_a_cuda_engines_client_hashes_on_more_threads(root):
     assert client_for(root).threads == COPY_THREADS
     client = connect(worker_config(root), SHAPE, torch.float32, torch.device("cuda"))
     assert isinstance(client, TierClient) and client.threads == DEVICE_COPY_THREADS > COPY_THREADS
+
+
+def test_the_gpu_hash_is_the_configs_to_turn_off(root, monkeypatch):
+    warmed: list[int] = []
+    monkeypatch.setattr(client_module, "warm_gpu_hash", lambda device, size: warmed.append(size))
+    cuda = torch.device("cuda")  # (connecting is lazy: no GPU is needed to build the client)
+    on = connect(worker_config(root), SHAPE, torch.float32, cuda)
+    assert isinstance(on, TierClient) and on.gpu_hash and warmed
+    warmed.clear()
+    off = connect(worker_config(root, gpu_checksums=False), SHAPE, torch.float32, cuda)
+    assert isinstance(off, TierClient) and not off.gpu_hash and not warmed

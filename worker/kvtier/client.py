@@ -423,8 +423,11 @@ def connect(
         for text in config.kvtier.pinned_prefixes:
             pins += pinned_hashes(config, tokenizer.encode(text))
     threads = client_threads(device)
-    client = TierClient(config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins, threads=threads)
-    if device is not None and device.type == "cuda":
+    gpu_hash = config.kvtier.gpu_checksums
+    client = TierClient(
+        config.kvtier.socket_path, tuple(block_shape), dtype, pins=pins, threads=threads, gpu_hash=gpu_hash
+    )
+    if gpu_hash and device is not None and device.type == "cuda":
         warm_gpu_hash(device, client.block_bytes)  # compiled now, not on the first request
     return client
 
