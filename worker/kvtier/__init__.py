@@ -2,7 +2,8 @@
 shareable blocks on a shared filesystem, behind a Unix-socket protocol the engine's
 :class:`~strata.worker.kv_connector.KVConnector` client speaks.
 
-Layers import downward only: ``client`` -> ``protocol``, ``arena``, ``blockcopy``; ``server``
+Layers import downward only: ``client`` -> ``protocol``, ``arena``, ``blockcopy`` ->
+``devicehash`` -> ``xxh3parts`` (the engine's process alone loads Triton); ``server``
 -> ``service`` -> (``demoter``, ``sealer``) -> ``movement`` -> ``writedown`` -> ``tiers`` ->
 (``arena``, ``nvme``, ``shared``, ``index``) -> (``policy``, ``admission``). ``policy``,
 ``admission``, ``index`` and ``simulate`` are pure and tensor-free, so the trace benchmark

@@ -18,15 +18,12 @@ the same kernels run on host tensors (how the tests check them without a GPU).
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Sequence
 
 import torch
 
 from strata.worker.kvtier import xxh3parts
-
-log = logging.getLogger(__name__)
 
 # 1 KiB pieces summed by a program (an H200, 96 blocks of 2 MiB: 8, 16, 32 pieces 179, 174, 196 GB/s)
 PIECES = 32
