@@ -7,7 +7,7 @@ and sealing. The GPU reads its own memory at terabytes a second: a save hashes i
 they are, so even its DRAM slots arrive sealed; a load hashes the blocks once their DMA has
 landed, which checks the copy too. No host thread reads a block.
 
-Two Triton kernels: the first reads the blocks, each program summing what 16 of a block's 1 KiB
+Two Triton kernels: the first reads the blocks, each program summing what 32 of a block's 1 KiB
 pieces add to XXH3's eight accumulators (no order needed: additions); the second runs each
 block's chain, adding the pieces' sums in order with XXH3's scramble after each (a chain no two
 programs can share, but it reads 64 bytes a piece, not 1 KiB) and merges its eight
