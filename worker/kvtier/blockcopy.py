@@ -166,7 +166,7 @@ def copy_blocks(
             list(pool.map(lambda pair: host_copy(*pair), pairs))
             return []
         return copy_hashing_all(pool, pairs)
-    if hashed and gpu_hash and not _gpu_hash_failed and devicehash.usable([dst for dst, _ in pairs]):
+    if hashed and gpu_hash and _gpu_hashes([dst for dst, _ in pairs]):
         on_device = _load_hashed_by_gpu(pairs, page_locked)
         if on_device is not None:
             return on_device
@@ -200,8 +200,7 @@ def save_blocks(
     of its own while the copies run: every slot comes with its checksum, none by the host."""
     if not any(t.is_cuda for pair in pairs for t in pair):
         return list(copy_hashing_all(pool, pairs))
-    sources = [source for _, source in pairs]
-    if gpu_hash and not _gpu_hash_failed and devicehash.usable(sources):
+    if gpu_hash and _gpu_hashes([source for _, source in pairs]):
         return list(_save_hashed_by_gpu(pairs, page_locked))
     landed = []
     for slot, source in pairs:
@@ -260,6 +259,11 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
 
+def _gpu_hashes(blocks: Sequence[torch.Tensor]) -> bool:
+    """Whether the GPU hashes these blocks: it can (:func:`devicehash.usable`) and has not failed."""
+    return not _gpu_hash_failed and devicehash.usable(blocks)
+
+
 def _hashed_by_gpu(blocks: Sequence[torch.Tensor]) -> list[int] | None:
     """:func:`devicehash.checksums` of blocks it can hash (checked by the caller), or None if
     it failed (it is then not asked again: the host hashes)."""
@@ -278,7 +282,7 @@ def warm_gpu_hash(device: torch.device, block_bytes: int) -> bool:
         blocks = [torch.zeros(block_bytes, dtype=torch.uint8, device=device)]
     except RuntimeError:  # no device to build for after all: the first copy will say why
         blocks = []
-    ready = not _gpu_hash_failed and devicehash.usable(blocks) and _hashed_by_gpu(blocks) is not None
+    ready = _gpu_hashes(blocks) and _hashed_by_gpu(blocks) is not None
     log.info(
         "kvtier: %s hashes the blocks it saves and loads",
         "the GPU" if ready else "the host",

@@ -120,7 +120,12 @@ def _tables(device: torch.device) -> torch.Tensor:
 
 
 def _as_int64(words: Sequence[int]) -> torch.Tensor:
-    return torch.tensor([w - (1 << 64) if w >= 1 << 63 else w for w in words], dtype=torch.int64)
+    return torch.tensor([_signed(w) for w in words], dtype=torch.int64)
+
+
+def _signed(word: int) -> int:
+    """A 64-bit word's bits as a signed int64 (how the kernels take it, and bitcast back)."""
+    return word - (1 << 64) if word >= 1 << 63 else word
 
 
 def usable(blocks: Sequence[torch.Tensor]) -> bool:
@@ -184,7 +189,7 @@ def run_chains(
     shape: xxh3parts.Layout,
 ) -> None:
     """Queue the second kernel: every block's checksum into ``out``."""
-    start = _as_int64([xxh3parts.start(shape.length)])[0].item()
+    start = _signed(xxh3parts.start(shape.length))
     _chain_kernel[(addresses.numel(),)](
         addresses, tables, sums, out, shape.whole_blocks, shape.last_word, start, UNROLL
     )
