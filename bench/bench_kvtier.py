@@ -141,6 +141,7 @@ def run() -> dict[str, Any]:
     try:
         result: dict[str, Any] = {"copy_path": path_name()} | bandwidth(root)
         result["lookup_during_write_through_saves"] = kvtier_latency.lookup_latency(root)
+        result["lookup_during_nvme_loads"] = kvtier_latency.load_lookup_latency(root)
         result["ttft_s"] = ttft(root)
         result |= kvtier_hits.run()
         result["index_memory"] = kvtier_memory.run()
@@ -206,6 +207,7 @@ def summary(result: dict[str, Any]) -> str:
     q = result["ratios"]
     checks = result["policy_checks"]
     lookups = result["lookup_during_write_through_saves"]
+    loading = result["lookup_during_nvme_loads"]
     return (
         f"dram put/get {q['dram_put_over_memcpy']}x/{q['dram_get_over_memcpy']}x memcpy "
         f"({result['copy_path']} copy and checksum; per CPU-second "
@@ -219,6 +221,7 @@ def summary(result: dict[str, Any]) -> str:
         f"look-ahead's prefetch into DRAM {q['nvme_prefetch_over_direct_read']}x direct reads), "
         f"16k TTFT cold {t['cold']}s hbm {t['hbm']}s dram {t['dram']}s nvme {t['nvme']}s, "
         f"a lookup during write-through saves p99 {lookups['p99_ms']} ms, "
+        f"during loads from NVMe p99 {loading['p99_ms']} ms, "
         f"adaptive +{checks.get('adaptive_gain_over_best_peer_conversation_5k')} over the best peer "
         f"at 5k blocks (conversation), "
         "the most over the eviction orders, with and without retention: "

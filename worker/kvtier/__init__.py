@@ -4,7 +4,8 @@ shareable blocks on a shared filesystem, behind a Unix-socket protocol the engin
 
 Layers import downward only: ``client`` -> ``protocol``, ``arena``, ``blockcopy`` ->
 ``devicehash`` -> ``xxh3parts`` (the engine's process alone loads Triton); ``server``
--> ``service`` -> (``demoter``, ``sealer``) -> ``movement`` -> ``writedown`` -> ``tiers`` ->
+-> ``service`` -> (``demoter``, ``sealer``) -> ``movement`` -> (``promotion``, ``writedown``) ->
+``tiers`` ->
 (``arena``, ``nvme``, ``shared``, ``index``) -> (``policy``, ``admission``). ``policy``,
 ``admission``, ``index`` and ``simulate`` are pure and tensor-free, so the trace benchmark
 runs exactly the policy code the sidecar runs; the sidecar process never loads torch.

@@ -5,8 +5,9 @@ every read from a lower tier: here, or, for NVMe blocks read only into staging s
 client that checks its reads (``dram.verify_reads``), by that client along its copy out (see
 ``client_checks``). Writing blocks down is ``writedown``'s job.
 
-Not thread-safe: the service calls it under its lock. The bytes of a batch move on the NVMe
-store's I/O threads, each block hashed right after its read where it is checked here.
+Not thread-safe: the service calls it under its lock. A promotion is planned and committed
+here under the lock, and read between without it (``promotion``): the bytes of a batch move on
+the NVMe store's I/O threads, each block hashed right after its read where it is checked here.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import time
 from collections.abc import Sequence
 
 from strata.worker.config import KVTierConfig
+from strata.worker.kvtier import promotion
 from strata.worker.kvtier.admission import SightingCounts
-from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.metrics import TierMetrics
+from strata.worker.kvtier.promotion import Promotion
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
 from strata.worker.kvtier.writedown import Writer
 
@@ -44,44 +46,90 @@ class Mover:
         self.pinned = pinned  # the service's set: pins may arrive before their blocks
         self.writer = Writer(config, metrics, tiers, self._nvme_admits)
         self.demoting: dict[bytes, Entry] = {}  # evicted from DRAM, being written down
+        self.promoting: set[bytes] = set()  # being read up from a lower tier (lock released)
         self._admissions_published: dict[str, tuple[int, int]] = {}  # per tier: admitted, refused
 
     def promote_run(self, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool) -> list[Entry]:
-        """Bring the leading blocks of ``keys`` up from a lower tier: the leading run held by
-        NVMe in one parallel read, else one block from the shared tier. For a read
-        (``staging_ok``) DRAM admission decides which land in DRAM slots and which only pass
-        through staging slots; a prefetch takes DRAM slots only, unasked. Returns those that
-        arrived intact."""
-        dram = self.dram
-        nvme = self.nvme
-        run = list(itertools.takewhile(lambda k: nvme is not None and k in nvme.index, keys))
-        if not run and (self.shared is None or not keys):
+        """Plan, read and commit a promotion (``plan_promotion``) with the lock held throughout;
+        the service releases its lock for the read instead."""
+        plan = self.plan_promotion(keys, parent, staging_ok)
+        if plan is None:
             return []
+        promotion.read(plan, self.dram, self.nvme, self.shared)
+        return self.commit_promotion(plan)
+
+    def plan_promotion(
+        self, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool
+    ) -> Promotion | None:
+        """Plan bringing the leading blocks of ``keys`` up from a lower tier: the leading run
+        NVMe holds (read in one parallel read), else one block from the shared tier; None when
+        there is nothing to read or no slot to read into. For a read (``staging_ok``) DRAM
+        admission decides which land in DRAM slots and which only pass through staging slots;
+        a prefetch takes DRAM slots only, unasked. The keys are marked ``promoting`` and their
+        NVMe slots leased until ``commit_promotion``; blocks another promotion is bringing up
+        end the run (wait for that one instead of reading them twice)."""
+        run = list(itertools.takewhile(self._on_nvme, keys))
+        if not run and not self._shared_may_hold(keys):
+            return None
         now = time.time()
         for key in run:  # most recent: the demotions that make room below should not take them
-            nvme.index.touch(key, now)  # type: ignore[union-attr]
+            self._nvme_tier().index.touch(key, now)
         wanted = run or list(keys[:1])
         admitted = [self._dram_admits(k, p) if staging_ok else True for k, p in _with_parents(wanted, parent)]
         slots = self._promotion_slots(admitted, staging_ok)
-        if not slots:
-            return []
         if run:
             # Making room may still have pushed some out of a full NVMe tier: read what is left.
-            run = list(itertools.takewhile(lambda k: nvme is not None and k in nvme.index, run))
-            entries = self._read_nvme(run[: len(slots)], slots[: len(run)]) if run else []
-        else:
-            entry = self._read_shared(keys[0], slots[0])
-            entries = [entry] if entry else []
-        for slot in slots[len(entries) :]:
-            dram.give_back(slot)
-        for key, entry in zip(keys, entries, strict=False):
+            wanted = list(itertools.takewhile(self._on_nvme, run))[: len(slots)]
+        if not wanted or not slots:
+            self._give_back_slots(slots)
+            return None
+        slots = slots[: len(wanted)] + self._give_back_slots(slots[len(wanted) :])
+        stored = [e for k in wanted if run and (e := self._nvme_tier().index.get(k)) is not None]
+        for entry in stored:
+            self._nvme_tier().lease(entry.slot)
+        self.promoting.update(wanted)
+        return Promotion(wanted, parent, slots, stored, self.client_checks(slots))
+
+    def _nvme_tier(self) -> NvmeTier:
+        assert self.nvme is not None
+        return self.nvme
+
+    def _shared_may_hold(self, keys: Sequence[bytes]) -> bool:
+        """Whether to try the shared tier for the first key (not being promoted already)."""
+        shared = self.shared
+        return shared is not None and bool(keys) and shared.healthy and keys[0] not in self.promoting
+
+    def _on_nvme(self, key: bytes) -> bool:
+        return self.nvme is not None and key in self.nvme.index and key not in self.promoting
+
+    def _give_back_slots(self, slots: Sequence[int]) -> list[int]:
+        for slot in slots:
+            self.dram.give_back(slot)
+        return []
+
+    def commit_promotion(self, plan: Promotion) -> list[Entry]:
+        """Under the lock again, after ``promotion.read``: the blocks that arrived intact, in
+        order, each entered in DRAM's index unless it passed through a staging slot; slots
+        left unfilled are given back, a block that failed its checksum is dropped from its tier."""
+        dram = self.dram
+        self.promoting.difference_update(plan.keys)
+        entries = self._nvme_arrived(plan) if plan.from_nvme else self._shared_arrived(plan)
+        self._give_back_slots(plan.slots[len(entries) :])
+        parent = plan.parent
+        for i, (key, entry) in enumerate(zip(plan.keys, entries, strict=False)):
             entry.parent = parent if parent is not None else entry.parent
             parent = key
-            if not dram.is_staging(entry.slot):
-                entry.pinned = key in self.pinned
-                dram.index.add(key, entry)
-                dram.record(key, entry)  # read and checked: a restart may find it
-                self.metrics.promotions.labels("dram").inc()
+            if dram.is_staging(entry.slot):
+                continue
+            held = dram.index.get(key)
+            if held is not None:  # a put stored it meanwhile: serve that copy, keep one
+                dram.give_back(entry.slot)
+                entries[i] = held
+                continue
+            entry.pinned = key in self.pinned
+            dram.index.add(key, entry)
+            dram.record(key, entry)  # read and checked: a restart may find it
+            self.metrics.promotions.labels("dram").inc()
         self.publish_usage()
         return entries
 
@@ -112,36 +160,32 @@ class Mover:
         It checks along the copy it makes anyway, so the block is not read a second time here."""
         return self.config.dram.verify_reads and all(self.dram.is_staging(s) for s in slots)
 
-    def _read_nvme(self, keys: Sequence[bytes], slots: Sequence[int]) -> list[Entry]:
-        """Read blocks into ``slots`` in parallel and verify them (or leave that to the client:
-        ``client_checks``); the leading intact ones."""
-        assert self.nvme is not None
-        dram = self.dram
-        stored = [self.nvme.index.get(k) for k in keys]  # all there: the run came from the index
-        requests = [(e.slot, dram.slot(s)) for e, s in zip(stored, slots, strict=True) if e]
-        started = time.perf_counter()
-        try:
-            if self.client_checks(slots):  # a whole read passes here; the client checks the bytes
-                whole = self.nvme.store.read_unhashed(requests)
-                sums = [e.checksum if e and ok else None for e, ok in zip(stored, whole, strict=True)]
-            else:
-                sums = self.nvme.store.read(requests)
-        except OSError as err:
-            log.warning("nvme: read failed: %s", err)
+    def _nvme_arrived(self, plan: Promotion) -> list[Entry]:
+        """The leading blocks of an NVMe read that match their checksums. A block evicted (or
+        evicted and written again) while it was read is still served, from the bytes read
+        while its slot was leased, but only the entry as planned is touched or dropped."""
+        nvme = self.nvme
+        assert nvme is not None
+        for entry in plan.stored:
+            nvme.unlease(entry.slot)
+        if plan.failed:
+            log.warning("nvme: read failed: %s", plan.error)
             self.metrics.errors.labels("nvme").inc()
             return []
-        self.metrics.read_seconds.labels("nvme").observe(time.perf_counter() - started)
-        self.metrics.read_bytes.labels("nvme").inc(len(requests) * self.block_bytes)
+        self.metrics.read_seconds.labels("nvme").observe(plan.seconds)
+        self.metrics.read_bytes.labels("nvme").inc(len(plan.stored) * self.block_bytes)
         now = time.time()
         entries: list[Entry] = []
-        for key, entry, crc, slot in zip(keys, stored, sums, slots, strict=True):
-            assert entry is not None
-            if crc != entry.checksum:
-                self.drop_corrupt_nvme(key)
+        for key, stored, crc, slot in zip(plan.keys, plan.stored, plan.sums, plan.slots, strict=True):
+            current = nvme.index.get(key)
+            if crc != stored.checksum:
+                if current is stored:
+                    self.drop_corrupt_nvme(key)
                 break
-            self.nvme.index.record_hit(key, entry.parent)
-            self.nvme.index.touch(key, now)
-            entries.append(Entry(entry.parent, entry.priority, False, now, slot, entry.checksum))
+            if current is stored:
+                nvme.index.record_hit(key, stored.parent)
+                nvme.index.touch(key, now)
+            entries.append(Entry(stored.parent, stored.priority, False, now, slot, stored.checksum))
         return entries
 
     def drop_corrupt_nvme(self, key: bytes) -> None:
@@ -152,20 +196,23 @@ class Mover:
         self.nvme.store.forget([key])
         self.nvme.give_back(entry.slot)
 
-    def _read_shared(self, key: bytes, slot: int) -> Entry | None:
-        assert self.shared is not None
-        buf = self.dram.block(slot)
-        started = time.perf_counter()
-        result = self.shared.read_into(key, buf)
-        if result is None:
-            log.warning("shared: block %s failed its checksum; dropped", key.hex())
+    def _shared_arrived(self, plan: Promotion) -> list[Entry]:
+        """The shared tier's block, when it was read intact."""
+        shared = self.shared
+        assert shared is not None
+        if plan.error is not None:
+            shared.mark_down(plan.error)
+            return []
+        if plan.corrupt:
+            log.warning("shared: block %s failed its checksum; dropped", plan.keys[0].hex())
             self.metrics.corrupt_blocks.labels("shared").inc()
-            return None
-        if not result:
-            return None
-        self.metrics.read_seconds.labels("shared").observe(time.perf_counter() - started)
-        self.metrics.read_bytes.labels("shared").inc(len(buf))
-        return Entry(b"\0" * 16, self.config.priority, False, time.time(), slot, checksum(buf))
+            shared.forget(plan.keys[0])
+            return []
+        if plan.failed or plan.sums[0] is None:
+            return []
+        self.metrics.read_seconds.labels("shared").observe(plan.seconds)
+        self.metrics.read_bytes.labels("shared").inc(self.block_bytes)
+        return [Entry(b"\0" * 16, self.config.priority, False, time.time(), plan.slots[0], plan.sums[0])]
 
     def dram_slots(self, count: int) -> list[int]:
         """Up to ``count`` free DRAM slots, evicting (and, write-back, demoting) as needed."""

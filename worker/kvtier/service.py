@@ -3,8 +3,9 @@
 It owns the tiers, the connections' leases and reservations, pins and retention; how blocks
 move between tiers is ``movement``'s job. A block is served only after its checksum matched
 (here, or by the reading client along its copy out), and a block that fails is dropped from
-its tier and counted. One lock serialises index changes;
-the bytes of a batch move on the NVMe store's I/O threads.
+its tier and counted. One lock serialises index changes; the disks are read and written
+without it (a load's and a prefetch's reads: ``_promote``; saves: the commit thread), the
+bytes of a batch moving on the NVMe store's I/O threads.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from strata.worker.block_events import BlockEvents
 from strata.worker.cgroup import memory_limit
 from strata.worker.config import KVTierConfig
+from strata.worker.kvtier import promotion
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.budget import (
     MAX_EXPECTED,
@@ -94,6 +96,7 @@ class ReadAhead:
 Block = tuple[bytes, Entry]
 PREALLOCATED_WAIT_S = 30.0  # a stop right after a start waits this long, at most, for the DRAM pages
 STAGING_WAIT_S = 120.0  # a reserve waits at most this long for in-flight puts' staging slots
+PROMOTION_WAIT_S = 1.0  # how long a wait for another promotion's read sleeps before it looks again
 MIN_ANSWER = 8  # blocks: a load's answers from the lower tiers are not cut shorter than this
 PREFETCH_MEMORY = 1 << 16  # origins remembered for prefetched blocks not yet looked up
 
@@ -137,6 +140,8 @@ class KVTierService:
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvtier-commit")
         self._writing = 0  # staging puts queued and not committed yet (their slots still held)
         self._room = threading.Condition(self._lock)  # notified when a put's staging slots are back
+        self._reading = 0  # promotions reading with the lock released (``_promote``)
+        self._promoted = threading.Condition(self._lock)  # notified as each of them commits
         self._closed = False
         # Checksums of a batch in parallel (the hash releases the GIL on large buffers).
 
@@ -387,6 +392,10 @@ class KVTierService:
         while i < len(keys):
             parent = keys[i - 1] if i else None
             entry = dram.index.get(keys[i]) or mover.demoting.get(keys[i])
+            if entry is None and keys[i] in mover.promoting:  # another read brings it up: take that
+                self._promoted.wait(PROMOTION_WAIT_S)
+                mover = self._require()
+                continue
             fresh = entry is None
             if entry is not None:
                 dram.index.record_hit(keys[i], parent)
@@ -397,7 +406,7 @@ class KVTierService:
                 if budget is None:
                     budget = staging_budget(len(keys) - i, self.answer_blocks)
                 room = budget - staged
-                entries = mover.promote_run(keys[i : i + room], parent, staging_ok=True) if room > 0 else []
+                entries = self._promote(mover, keys[i : i + room], parent, True) if room > 0 else []
             for entry in entries:
                 dram.lease(entry.slot)
                 owner.leases.append(entry.slot)
@@ -412,6 +421,29 @@ class KVTierService:
         if self.config.write_mode == "write-through" and self.nvme is not None and out:
             self._background.submit(self._write_through_admitted, list(keys[: len(out)]))
         return out
+
+    def _promote(
+        self, mover: Mover, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool
+    ) -> list[Entry]:
+        """``Mover.promote_run`` with the lock released while the blocks are read, so that the
+        engine's lookups and saves, other loads and the background workers go on meanwhile.
+        Called with the lock held once (``get``, ``read_ahead``, a prefetch's run); the state
+        the caller read before may have changed when this returns."""
+        if self._closed:
+            return []
+        plan = mover.plan_promotion(keys, parent, staging_ok)
+        if plan is None:
+            return []
+        self._reading += 1
+        self._lock.release()
+        try:
+            promotion.read(plan, mover.dram, mover.nvme, mover.shared)
+        finally:
+            self._lock.acquire()
+            self._reading -= 1
+            entries = mover.commit_promotion(plan)
+            self._promoted.notify_all()
+        return entries
 
     def _to_verify(self, entry: Entry, fresh: bool) -> int | None:
         """The checksum the client checks its copy against; None when there is nothing to check:
@@ -656,15 +688,15 @@ class KVTierService:
         hold; where the prefetch goes on from (``len(keys)`` once it is done or stopped)."""
         mover = self._require()
 
-        def held(key: bytes) -> bool:
-            return key in mover.dram.index or key in mover.demoting
+        def held(key: bytes) -> bool:  # or on its way up
+            return key in mover.dram.index or key in mover.demoting or key in mover.promoting
 
         first = next((i for i in range(start, len(keys)) if not held(keys[i])), len(keys))
         run = list(itertools.takewhile(lambda key: not held(key), keys[first : first + self.answer_blocks]))
         if not run:
             return len(keys)
         origin = "nvme" if self.nvme is not None and run[0] in self.nvme.index else "shared"
-        entries = mover.promote_run(run, keys[first - 1] if first else None, staging_ok=False)
+        entries = self._promote(mover, run, keys[first - 1] if first else None, staging_ok=False)
         for key in run[: len(entries)]:
             self._remember_prefetch(key, origin)
         return first + len(entries) if entries else len(keys)
@@ -800,6 +832,8 @@ class KVTierService:
                 worker.stop()
         self._background.shutdown(wait=True)
         with self._lock:
+            while self._reading:  # a load's read in flight: its store and slots stay open until it ends
+                self._promoted.wait(PROMOTION_WAIT_S)
             if self.nvme is not None:
                 self.nvme.store.close()
             if self.dram is not None:

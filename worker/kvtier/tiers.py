@@ -24,6 +24,45 @@ _NO_PARENT = b"\0" * 16
 FULL_LOG_EVERY_S = 60.0  # a full shared volume is logged at most this often, not per write
 
 
+class Leases:
+    """Slots being read (a client copying out of a DRAM slot; a promotion reading an NVMe slot
+    with the lock released): a slot given back while leased is not handed out again until its
+    last lease ends. Counted: one slot may be leased by several readers at once."""
+
+    def __init__(self) -> None:
+        self._count: Counter[int] = Counter()
+        self._deferred: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._count)
+
+    def take(self, slot: int) -> None:
+        self._count[slot] += 1
+
+    def defer(self, slot: int) -> bool:
+        """Whether ``slot``, given back, must wait for its leases to end (then ``end`` says so)."""
+        if self._count[slot]:
+            self._deferred.add(slot)
+            return True
+        return False
+
+    def end(self, slot: int) -> bool:
+        """One lease ends; True when that made a slot given back meanwhile free."""
+        if self._count[slot] <= 0:  # not leased (a Counter's lookup adds nothing)
+            return False
+        self._count[slot] -= 1
+        if self._count[slot]:
+            return False
+        del self._count[slot]
+        if slot not in self._deferred:
+            return False
+        self._deferred.discard(slot)
+        return True
+
+    def returning(self) -> int:
+        return len(self._deferred)
+
+
 class DramTier:
     """Blocks in shared-memory slots ``[0, capacity)``; slots above are staging slots that carry
     blocks to and from the lower tiers when DRAM is full or disabled. A leased slot (the engine
@@ -52,8 +91,7 @@ class DramTier:
         held = set(held)
         self._free = [s for s in range(capacity - 1, -1, -1) if s not in held]
         self._staging = list(range(arena.num_slots - 1, capacity - 1, -1))
-        self._leases: Counter[int] = Counter()
-        self._deferred: set[int] = set()
+        self._leases = Leases()
 
     def take_slot(self, staging: bool) -> int | None:
         pool = self._staging if staging else self._free
@@ -67,7 +105,7 @@ class DramTier:
 
     def returning_slots(self) -> int:
         """Slots freed while leased: free again once their readers release them."""
-        return len(self._deferred)
+        return self._leases.returning()
 
     def record(self, key: bytes, entry: Entry) -> None:
         """Under the lock, once the block's bytes are in its DRAM slot and its checksum is
@@ -85,23 +123,15 @@ class DramTier:
     def give_back(self, slot: int) -> None:
         if self.table is not None and slot < self.capacity:
             self.table.clear(slot)  # first: the slot may be handed out from here on
-        if self._leases[slot]:
-            self._deferred.add(slot)
-        else:
+        if not self._leases.defer(slot):
             (self._free if slot < self.capacity else self._staging).append(slot)
 
     def lease(self, slot: int) -> None:
-        self._leases[slot] += 1
+        self._leases.take(slot)
 
     def unlease(self, slot: int) -> None:
-        if self._leases[slot] <= 0:
-            return
-        self._leases[slot] -= 1
-        if not self._leases[slot]:
-            del self._leases[slot]
-            if slot in self._deferred:
-                self._deferred.discard(slot)
-                self.give_back(slot)
+        if self._leases.end(slot):
+            self.give_back(slot)
 
     def is_staging(self, slot: int) -> bool:
         return slot >= self.capacity
@@ -137,6 +167,7 @@ class NvmeTier:
             self.index.add(key, Entry(r.parent, r.priority, False, now, r.slot, r.checksum))
             used[r.slot] = 1
         self._free = [s for s in range(store.num_slots - 1, -1, -1) if not used[s]]
+        self._leases = Leases()  # slots a promotion reads with the lock released
         if count:
             log.info("nvme: recovered %d blocks", count)
 
@@ -144,7 +175,16 @@ class NvmeTier:
         return self._free.pop() if self._free else None
 
     def give_back(self, slot: int) -> None:
-        self._free.append(slot)
+        if not self._leases.defer(slot):
+            self._free.append(slot)
+
+    def lease(self, slot: int) -> None:
+        """A promotion reads this slot without the lock: not rewritten until ``unlease``."""
+        self._leases.take(slot)
+
+    def unlease(self, slot: int) -> None:
+        if self._leases.end(slot):
+            self._free.append(slot)
 
     def records(self) -> Iterator[Record]:
         """Each held block's log record, made as it is asked for (call with the lock held)."""
@@ -208,6 +248,11 @@ class SharedTier:
             self.index.remove(key)
         return found
 
+    def forget(self, key: bytes) -> None:
+        """A block found corrupt (and deleted by the store): no longer this worker's."""
+        if key in self.index:
+            self.index.remove(key)
+
     def read_into(self, key: bytes, out: memoryview) -> bool | None:
         """True when read intact, False when absent or down, None when corrupt (deleted)."""
         if not self.healthy:
@@ -215,8 +260,7 @@ class SharedTier:
         try:
             return self.store.read_into(key, out)
         except CorruptBlock:
-            if key in self.index:
-                self.index.remove(key)
+            self.forget(key)
             return None
         except OSError as err:
             self.mark_down(err)
