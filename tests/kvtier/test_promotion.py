@@ -122,6 +122,26 @@ def test_an_nvme_block_dropped_while_read_keeps_its_slot_until_the_read_ends(
     service.close()
 
 
+def test_a_block_saved_again_while_it_was_read_is_served_from_one_dram_copy(root, monkeypatch, pool):
+    """Retention drops block 0 while a load reads it and the engine saves it again: the load's
+    commit finds it in DRAM already and serves that copy, giving its own slot back."""
+    service = on_nvme_only(root)
+    dram = service.dram
+    assert dram is not None
+    gate = nvme_gate(monkeypatch, service)
+    loading = pool.submit(_get, service, [0, 1])
+    gate.wait_entered()
+    service.sweep(now=time.time() + 7200)
+    assert result(pool.submit(_put, service, [0])) == 1
+    saved = dram.index.get(key(0))
+    assert saved is not None
+    gate.go.set()
+    assert result(loading) == [payload(0), payload(1)]
+    assert dram.index.get(key(0)) is saved
+    assert dram.free_slots() + len(dram.index) == dram.capacity  # no slot lost or held
+    service.close()
+
+
 def test_a_block_failing_its_checksum_is_dropped_from_nvme(root, monkeypatch, pool):
     service = on_nvme_only(root)
     assert service.nvme is not None

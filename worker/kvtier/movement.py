@@ -18,7 +18,6 @@ import time
 from collections.abc import Sequence
 
 from strata.worker.config import KVTierConfig
-from strata.worker.kvtier import promotion
 from strata.worker.kvtier.admission import SightingCounts
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.metrics import TierMetrics
@@ -48,15 +47,6 @@ class Mover:
         self.demoting: dict[bytes, Entry] = {}  # evicted from DRAM, being written down
         self.promoting: set[bytes] = set()  # being read up from a lower tier (lock released)
         self._admissions_published: dict[str, tuple[int, int]] = {}  # per tier: admitted, refused
-
-    def promote_run(self, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool) -> list[Entry]:
-        """Plan, read and commit a promotion (``plan_promotion``) with the lock held throughout;
-        the service releases its lock for the read instead."""
-        plan = self.plan_promotion(keys, parent, staging_ok)
-        if plan is None:
-            return []
-        promotion.read(plan, self.dram, self.nvme, self.shared)
-        return self.commit_promotion(plan)
 
     def plan_promotion(
         self, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool

@@ -425,7 +425,8 @@ class KVTierService:
     def _promote(
         self, mover: Mover, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool
     ) -> list[Entry]:
-        """``Mover.promote_run`` with the lock released while the blocks are read, so that the
+        """Bring the leading blocks of ``keys`` up from a lower tier (``Mover.plan_promotion``),
+        planned and committed under the lock, which is released while the blocks are read: the
         engine's lookups and saves, other loads and the background workers go on meanwhile.
         Called with the lock held once (``get``, ``read_ahead``, a prefetch's run); the state
         the caller read before may have changed when this returns."""
