@@ -76,14 +76,18 @@ def test_bad_pairs_are_refused_before_copying(path, dst, src, message):
         save_blocks(pool, [(torch.zeros(8, dtype=torch.uint8),) * 2, (dst, src)], [False, False], False)
 
 
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("count", [1, 6])
-def test_batches_return_each_blocks_checksum_in_order(path, count):
+def test_batches_return_each_blocks_checksum_in_order(path, count, stream):
+    """Saved into slots and loaded back out of them (``stream``: as the client loads, storing
+    past the cache)."""
     sources = [random_bytes(CHUNK_BYTES + 100 * seed, seed) for seed in range(count)]
     slots = [torch.zeros_like(s) for s in sources]
     with ThreadPoolExecutor(4) as pool:
         saved = save_blocks(pool, list(zip(slots, sources, strict=True)), [False] * count, page_locked=False)
         out = [torch.zeros_like(s) for s in sources]
-        loaded = copy_blocks(pool, list(zip(out, slots, strict=True)), hashed=True, page_locked=False)
+        pairs = list(zip(out, slots, strict=True))
+        loaded = copy_blocks(pool, pairs, hashed=True, page_locked=False, stream=stream)
     expected = [checksum(s.numpy().data) for s in sources]
     assert saved == expected and loaded == expected
     assert [slot_hash(s) for s in slots] == expected

@@ -8,7 +8,9 @@ Host copies are libc ``memmove`` (through ctypes, which lets go of the GIL): 1.1
 per CPU-second of torch's ``copy_`` here. A checked copy is fused with its hash: the compiled
 routine (:mod:`~strata.worker.kvtier.native`) copies a block 16 KiB at a time and runs XXH3 over
 each piece right after, while it is in L1, so the block is read from memory once and the hash
-mostly hides behind the copy's memory stalls; a batch is one call per copying thread. Without a
+mostly hides behind the copy's memory stalls; a batch is one call per copying thread. Saves and
+loads store past the cache (non-temporal stores): a save's slot is not read soon, a load is
+mostly more than a cache holds. Without a
 compiler, the same in Python: 256 KiB chunks, each copied by ``memmove`` and fed to a streaming
 XXH3 (two GIL handovers per chunk; the hash costs 20-35 % of the copy's CPU there).
 
@@ -97,12 +99,14 @@ def _copy_hashing_address_python(dst: int, src: int, size: int) -> int:
 
 
 def copy_hashing_all(
-    pool: ThreadPoolExecutor, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    pool: ThreadPoolExecutor, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], stream: bool = False
 ) -> list[int]:
-    """:func:`copy_hashing` of every host pair on ``pool``, in order."""
+    """:func:`copy_hashing` of every host pair on ``pool``, in order (``stream``: see
+    :func:`copy_hashing_addresses`)."""
     for dst, src in pairs:
         _check_pair(dst, src)
-    return copy_hashing_addresses(pool, [(dst.data_ptr(), src.data_ptr(), dst.numel()) for dst, src in pairs])
+    copies = [(dst.data_ptr(), src.data_ptr(), dst.numel()) for dst, src in pairs]
+    return copy_hashing_addresses(pool, copies, stream)
 
 
 def copy_hashing_addresses(
@@ -111,7 +115,8 @@ def copy_hashing_addresses(
     """Copy every ``(dst, src, size)`` of host memory on ``pool``, each hashed along its copy;
     the checksums, in order. The caller vouches for the addresses (:func:`host_sources`).
     Compiled: split into ``COPY_THREADS`` shares, each one call (one GIL handover); with
-    ``stream``, for destinations no core reads soon (a save's slots), past the cache."""
+    ``stream``, past the cache: for destinations no core reads soon (a save's slots), or
+    more than a cache holds (a load's blocks), where a cached store only adds a memory pass."""
     routine = copyhash()
     if routine is None:
         return list(pool.map(lambda copy: _copy_hashing_address_python(*copy), copies))
@@ -152,10 +157,12 @@ def copy_blocks(
     hashed: bool,
     page_locked: bool,
     gpu_hash: bool = True,
+    stream: bool = False,
 ) -> list[int]:
     """Copy ``dst, src`` pairs (flat uint8 views), all finished on return. With ``hashed``
     returns each source's checksum (the slots read from), taken along: host copies run on
-    ``pool``, each hashed chunk by chunk as it is copied; device copies are queued
+    ``pool``, each hashed chunk by chunk as it is copied (with ``stream``, storing past the
+    cache: :func:`copy_hashing_addresses`); device copies are queued
     asynchronously (DMA from the page-locked mapping), then with ``gpu_hash`` the blocks are
     hashed where they landed, by the GPU (:mod:`~strata.worker.kvtier.devicehash`); else (or
     where it cannot) the slots are hashed on ``pool`` meanwhile, by the compiled routine where
@@ -165,7 +172,7 @@ def copy_blocks(
         if not hashed:
             list(pool.map(lambda pair: host_copy(*pair), pairs))
             return []
-        return copy_hashing_all(pool, pairs)
+        return copy_hashing_all(pool, pairs, stream)
     if hashed and gpu_hash and _gpu_hashes([dst for dst, _ in pairs]):
         on_device = _load_hashed_by_gpu(pairs, page_locked)
         if on_device is not None:

@@ -10,8 +10,9 @@
  * entry point): no core reads a slot soon after it is written (the sidecar holds it, writes it
  * to NVMe by DMA, or copies it out later), so a cached store only makes the core read every
  * destination line from memory first and later write it back, a third pass over memory that
- * non-temporal stores skip. The chunk is then hashed from the source, which the copy just
- * brought into this core's cache: the same bytes, so the same digest.
+ * non-temporal stores skip. A load out of the slots streams too: it is mostly far more than a
+ * cache holds. The chunk is then hashed from the source, which the copy just brought into
+ * this core's cache: the same bytes, so the same digest.
  *
  * XXH3 comes from the vendored single header xxhash.h (BSD-2-Clause, Yann Collet).
  */
