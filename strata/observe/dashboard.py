@@ -168,7 +168,8 @@ def lookahead_charts() -> list[Chart]:
         Chart(
             "Prefetch",
             "Blocks moved up to DRAM ahead of the requests that need them (the look-ahead and the "
-            "engine's hints), by the tier they came from, and those a request then asked for, per second.",
+            "engine's hints), by the tier they came from, those a request then asked for, and those a "
+            "request found still being read up and waited for (a prefetch started late), per second.",
             "none",
             (
                 Query(
@@ -180,6 +181,11 @@ def lookahead_charts() -> list[Chart]:
                     "sum by (namespace, service, tier) "
                     f"(rate(strata_kvtier_prefetch_used_total{SERVICE_FILTER}[5m]))",
                     "{{namespace}}/{{service}} from {{tier}}, used",
+                ),
+                Query(
+                    "sum by (namespace, service, tier) "
+                    f"(rate(strata_kvtier_read_waits_total{SERVICE_FILTER}[5m]))",
+                    "{{namespace}}/{{service}} from {{tier}}, waited for",
                 ),
             ),
         ),

@@ -168,6 +168,7 @@ def test_a_load_of_blocks_a_prefetch_is_reading_waits_for_that_read(root, monkey
     gate.go.set()
     assert result(loading) == [payload(0), payload(1)]
     assert gate.reads == [2]  # one read: the prefetch's
+    assert service.metrics.read_waits.labels("nvme")._value.get() == 1  # block 0, once
     service.close()
 
 

@@ -83,9 +83,14 @@ class TierMetrics:
             "Prefetched blocks a request then asked for, served from DRAM instead of the tier they "
             "came from (also counted in that tier's hits).",
         )
+        self.read_waits = counter(
+            "read_waits",
+            "Blocks a load found still being read up from the tier by another request (mostly the "
+            "look-ahead's prefetch, started late) and waited for, rather than reading them twice.",
+        )
         for lower in ("nvme", "shared"):  # their series exist from the start, at 0
-            self.prefetched.labels(lower)
-            self.prefetch_used.labels(lower)
+            for family in (self.prefetched, self.prefetch_used, self.read_waits):
+                family.labels(lower)
         self.admitted = counter("admitted", "Blocks offered to the tier that its admission policy let in.")
         self.refused = counter("refused", "Blocks offered to the tier that its admission policy kept out.")
         self.doorkeeper = gauge(

@@ -45,7 +45,7 @@ class Mover:
         self.pinned = pinned  # the service's set: pins may arrive before their blocks
         self.writer = Writer(config, metrics, tiers, self._nvme_admits)
         self.demoting: dict[bytes, Entry] = {}  # evicted from DRAM, being written down
-        self.promoting: set[bytes] = set()  # being read up from a lower tier (lock released)
+        self.promoting: dict[bytes, str] = {}  # being read up (lock released), from this tier
         self._admissions_published: dict[str, tuple[int, int]] = {}  # per tier: admitted, refused
 
     def plan_promotion(
@@ -77,7 +77,7 @@ class Mover:
         stored = [e for k in wanted if run and (e := self._nvme_tier().index.get(k)) is not None]
         for entry in stored:
             self._nvme_tier().lease(entry.slot)
-        self.promoting.update(wanted)
+        self.promoting.update(dict.fromkeys(wanted, "nvme" if run else "shared"))
         return Promotion(wanted, parent, slots, stored, self.client_checks(slots))
 
     def _nvme_tier(self) -> NvmeTier:
@@ -102,7 +102,8 @@ class Mover:
         order, each entered in DRAM's index unless it passed through a staging slot; slots
         left unfilled are given back, a block that failed its checksum is dropped from its tier."""
         dram = self.dram
-        self.promoting.difference_update(plan.keys)
+        for key in plan.keys:
+            self.promoting.pop(key, None)
         entries = self._nvme_arrived(plan) if plan.from_nvme else self._shared_arrived(plan)
         self._give_back_slots(plan.slots[len(entries) :])
         parent = plan.parent

@@ -389,11 +389,12 @@ class KVTierService:
             mover.saw(key)
         i = staged = 0
         budget: int | None = None  # staging slots this answer may fill from the lower tiers
+        waited: set[bytes] = set()  # blocks this get waited for another read of (counted once)
         while i < len(keys):
             parent = keys[i - 1] if i else None
             entry = dram.index.get(keys[i]) or mover.demoting.get(keys[i])
             if entry is None and keys[i] in mover.promoting:  # another read brings it up: take that
-                self._promoted.wait(PROMOTION_WAIT_S)
+                self._wait_for_read(mover, keys[i], waited)
                 mover = self._require()
                 continue
             fresh = entry is None
@@ -421,6 +422,13 @@ class KVTierService:
         if self.config.write_mode == "write-through" and self.nvme is not None and out:
             self._background.submit(self._write_through_admitted, list(keys[: len(out)]))
         return out
+
+    def _wait_for_read(self, mover: Mover, key: bytes, waited: set[bytes]) -> None:
+        """Wait (lock released) for the read bringing ``key`` up to commit, or a while."""
+        if key not in waited:
+            waited.add(key)
+            self.metrics.read_waits.labels(mover.promoting[key]).inc()
+        self._promoted.wait(PROMOTION_WAIT_S)
 
     def _promote(
         self, mover: Mover, keys: Sequence[bytes], parent: bytes | None, staging_ok: bool
