@@ -203,7 +203,7 @@ def test_a_shared_tier_read_leaves_the_lock_free(root, monkeypatch, pool):
     assert service.shared is not None
     where = {n: service.lookup([key(n)]) for n in range(10)}
     below, above = (next(n for n in range(10) if where[n] == [tier]) for tier in ("shared", "dram"))
-    gate = Gate(monkeypatch, service.shared.store, ("read_into",))
+    gate = Gate(monkeypatch, service.shared.store, ("read_checked",))
     loading = pool.submit(_get, service, [below])
     gate.wait_entered()
     assert result(pool.submit(service.lookup, [key(above)])) == ["dram"]

@@ -137,6 +137,7 @@ def test_shared_round_trip_and_corruption(root):
     store.write(key, b"p" * 16, 0, memoryview(data))
     out = memoryview(bytearray(len(data)))
     assert store.read_into(key, out) and bytes(out) == data
+    assert store.read_checked(key, out) == checksum(memoryview(data))  # what the read verified
     path = next((root / "shared").rglob("*.kv"))
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
@@ -145,6 +146,7 @@ def test_shared_round_trip_and_corruption(root):
         store.read_into(key, out)
     assert not store.contains(key)  # deleted, never served again
     assert not store.read_into(b"z" * 16, out)
+    assert store.read_checked(b"z" * 16, out) is None
 
 
 def test_shared_truncated_file_is_corrupt(root):

@@ -73,8 +73,9 @@ class Mover:
         if not wanted or not slots:
             self._give_back_slots(slots)
             return None
-        slots = slots[: len(wanted)] + self._give_back_slots(slots[len(wanted) :])
-        stored = [e for k in wanted if run and (e := self._nvme_tier().index.get(k)) is not None]
+        self._give_back_slots(slots[len(wanted) :])
+        slots = slots[: len(wanted)]
+        stored = [self._nvme_entry(k) for k in wanted] if run else []
         for entry in stored:
             self._nvme_tier().lease(entry.slot)
         self.promoting.update(dict.fromkeys(wanted, "nvme" if run else "shared"))
@@ -84,6 +85,12 @@ class Mover:
         assert self.nvme is not None
         return self.nvme
 
+    def _nvme_entry(self, key: bytes) -> Entry:
+        """A block the NVMe index holds (the caller just found it there, under the lock)."""
+        entry = self._nvme_tier().index.get(key)
+        assert entry is not None
+        return entry
+
     def _shared_may_hold(self, keys: Sequence[bytes]) -> bool:
         """Whether to try the shared tier for the first key (not being promoted already)."""
         shared = self.shared
@@ -92,10 +99,9 @@ class Mover:
     def _on_nvme(self, key: bytes) -> bool:
         return self.nvme is not None and key in self.nvme.index and key not in self.promoting
 
-    def _give_back_slots(self, slots: Sequence[int]) -> list[int]:
+    def _give_back_slots(self, slots: Sequence[int]) -> None:
         for slot in slots:
             self.dram.give_back(slot)
-        return []
 
     def commit_promotion(self, plan: Promotion) -> list[Entry]:
         """Under the lock again, after ``promotion.read``: the blocks that arrived intact, in

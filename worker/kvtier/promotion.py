@@ -10,16 +10,12 @@ engine's lookup, put or save waits for the index, never for a disk or a shared v
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 
-from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.index import Entry
 from strata.worker.kvtier.shared import CorruptBlock
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,5 +70,4 @@ def _read_nvme(plan: Promotion, dram: DramTier, nvme: NvmeTier) -> None:
 
 
 def _read_shared(plan: Promotion, dram: DramTier, shared: SharedTier) -> None:
-    buf = dram.block(plan.slots[0])
-    plan.sums = [checksum(buf) if shared.store.read_into(plan.keys[0], buf) else None]
+    plan.sums = [shared.store.read_checked(plan.keys[0], dram.block(plan.slots[0]))]

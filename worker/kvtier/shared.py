@@ -41,6 +41,11 @@ class BlockStore(Protocol):
         """Fill ``out`` with the block; False when absent; CorruptBlock when damaged."""
         ...
 
+    def read_checked(self, key: bytes, out: memoryview) -> int | None:
+        """``read_into``, returning the block's checksum it verified (None when absent), so
+        that a reader that needs the checksum does not hash the block a second time."""
+        ...
+
     def write(self, key: bytes, parent: bytes, priority: int, data: memoryview) -> None: ...
 
     def delete(self, key: bytes) -> None: ...
@@ -58,6 +63,9 @@ class FilesystemBlockStore:
         return self._path(key).is_file()
 
     def read_into(self, key: bytes, out: memoryview) -> bool:
+        return self.read_checked(key, out) is not None
+
+    def read_checked(self, key: bytes, out: memoryview) -> int | None:
         path = self._path(key)
         try:
             with open(path, "rb", buffering=0) as src:
@@ -66,16 +74,16 @@ class FilesystemBlockStore:
                 got = src.readinto(out)
                 tail = src.read(1)
         except FileNotFoundError:
-            return False
+            return None
         except OSError as err:
             if err.errno == errno.ESTALE:  # removed by another worker (or the janitor) on NFS
-                return False
+                return None
             raise
         if checked is None or got != len(out) or tail or checksum(out) != checked:
             self.delete(key)
             raise CorruptBlock(f"shared block {key.hex()} is corrupt")
         _touch(path)
-        return True
+        return checked
 
     @staticmethod
     def _check_header(header: bytes, key: bytes, length: int) -> int | None:
