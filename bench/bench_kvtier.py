@@ -180,6 +180,14 @@ RATIOS = (
     ("nvme_write_over_direct_fresh_write", "nvme_put", "direct_fresh_write"),
     ("nvme_full_read_over_direct_read", "nvme_full_get", "direct_read"),
     ("nvme_full_write_over_direct_write", "nvme_full_put", "direct_write"),
+    ("nvme_full_read_over_direct_read_blocks", "nvme_full_get", "direct_read_blocks"),
+    ("nvme_full_write_over_direct_write_blocks", "nvme_full_put", "direct_write_blocks"),
+    ("direct_write_blocks_over_direct_write", "direct_write_blocks", "direct_write"),
+    ("direct_read_blocks_over_direct_read", "direct_read_blocks", "direct_read"),
+    ("nvme_staged_read_over_direct_read_blocks", "nvme_staged_get", "direct_read_blocks"),
+    ("nvme_staged_write_over_direct_write_blocks", "nvme_staged_put", "direct_write_blocks"),
+    ("nvme_full_read_over_nvme_staged_read", "nvme_full_get", "nvme_staged_get"),
+    ("nvme_full_write_over_nvme_staged_write", "nvme_full_put", "nvme_staged_put"),
     ("staged_direct_write_over_direct_write", "staged_direct_write", "direct_write"),
     ("staged_direct_read_over_direct_read", "staged_direct_read", "direct_read"),
     ("nvme_full_write_over_staged_direct_write", "nvme_full_put", "staged_direct_write"),
@@ -215,7 +223,11 @@ def summary(result: dict[str, Any]) -> str:
         f"nvme read/write {q['nvme_read_over_file_read']}x/{q['nvme_write_over_file_write']}x file I/O "
         f"({q['nvme_read_over_direct_read']}x/{q['nvme_write_over_direct_write']}x direct I/O, "
         f"write {q['nvme_write_over_direct_fresh_write']}x of direct writes into fresh extents; "
-        f"a full tier {q['nvme_full_read_over_direct_read']}x/{q['nvme_full_write_over_direct_write']}x; "
+        f"a full tier {q['nvme_full_read_over_direct_read']}x/{q['nvme_full_write_over_direct_write']}x, "
+        f"{q['nvme_full_read_over_direct_read_blocks']}x/{q['nvme_full_write_over_direct_write_blocks']}x "
+        "of direct I/O of the engine's own blocks, "
+        f"{q['nvme_full_read_over_nvme_staged_read']}x/{q['nvme_full_write_over_nvme_staged_write']}x "
+        "of the staged path; "
         f"{q['nvme_full_read_over_staged_direct_read']}x/{q['nvme_full_write_over_staged_direct_write']}x "
         "of direct I/O through a staging copy; "
         f"look-ahead's prefetch into DRAM {q['nvme_prefetch_over_direct_read']}x direct reads), "

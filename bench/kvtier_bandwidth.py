@@ -32,6 +32,11 @@ machine hits all of them alike.
   repeat into a fresh preallocated region likewise, for the like-for-like ratio. The
   ``nvme_full`` tier is the steady state of a cache: full, so each put evicts the oldest
   chain and writes into slots written before, like the plain overwrites.
+- The blocks are views of one page-aligned KV cache, as the engine allocates it on the CPU, so
+  the client writes the blocks only NVMe takes into their slots itself (``direct_io``: hashed,
+  then written with ``O_DIRECT`` from the cache; no staging copy). ``nvme_staged`` is the same
+  full tier with a client that does not ask for that (``direct_io=False``): each block copied
+  into a staging slot and written by the sidecar, the path before, side by side.
 - ``nvme_prefetch``: the look-ahead's prefetch of a chain from NVMe into DRAM slots, by the
   block service itself in this process (no client copy: the blocks land where a later load's
   DRAM hit reads them), against ``direct_read``.
@@ -40,6 +45,7 @@ machine hits all of them alike.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import mmap
 import os
@@ -53,6 +59,7 @@ from typing import Any
 import torch
 
 from bench.kvtier_sidecar import config, drop_page_cache, refs, remove_shm, sidecar
+from strata.worker.engine.model_runner import allocate_cache
 from strata.worker.kv_connector import BlockRef
 from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.blockcopy import (
@@ -133,8 +140,11 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def bandwidth(root: Path) -> dict[str, Any]:
-    blocks = [torch.randn(BLOCK_SHAPE).to(DTYPE) for _ in range(NUM_BLOCKS)]
-    out = [torch.empty(BLOCK_SHAPE, dtype=DTYPE) for _ in range(NUM_BLOCKS)]
+    cpu = torch.device("cpu")
+    cache = allocate_cache((NUM_BLOCKS, *BLOCK_SHAPE), DTYPE, cpu)  # as the engine allocates its own
+    cache.copy_(torch.randn(cache.shape).to(DTYPE))
+    blocks = list(cache.unbind())
+    out = list(allocate_cache((NUM_BLOCKS, *BLOCK_SHAPE), DTYPE, cpu).unbind())
     block_bytes = blocks[0].numel() * blocks[0].element_size()
     nbytes = NUM_BLOCKS * block_bytes
     pids: dict[str, int] = {}
@@ -147,16 +157,21 @@ def bandwidth(root: Path) -> dict[str, Any]:
         shm = stack.enter_context(shm_blocks(root, len(blocks), block_bytes))
         nvme, data = stack.enter_context(tier_client(root, "nvme", pids, nvme=(REPEATS + 1) * room))
         full, full_data = stack.enter_context(tier_client(root, "nvme_full", pids, nvme=FULL_CHAINS * room))
+        staged, staged_data = stack.enter_context(
+            tier_client(root, "nvme_staged", pids, nvme=FULL_CHAINS * room, direct_io=False)
+        )
         passes = copy_passes(pool, blocks, out, shm)
         passes |= tier_passes("dram", dram, blocks, out, None)  # DRAM: no file to drop
         passes |= tier_passes("dram_unchecked", unchecked, blocks, out, None)
-        passes |= file_passes(root, blocks, pool)
+        passes |= file_passes(root, blocks, pool, out)
         passes |= staged_passes(root, blocks, out, pool)
         passes |= tier_passes("nvme", nvme, blocks, out, data)
         passes |= tier_passes("nvme_full", full, blocks, out, full_data, fill=FULL_CHAINS + 1)
+        passes |= tier_passes("nvme_staged", staged, blocks, out, staged_data, fill=FULL_CHAINS + 1)
         service = stack.enter_context(in_process_tier(root, "prefetch", dram=room, nvme=3 * room))
         passes |= prefetch_passes(service, blocks)
         result = interleaved(nbytes, passes, pids)
+        result["nvme_full_direct_blocks"] = {"saved": full.direct_saved, "loaded": full.direct_loaded}
         if dram.unverified_blocks:  # (NVMe blocks are verified by the sidecar as they are read)
             raise RuntimeError("kvtier bench: DRAM blocks were read before the sidecar sealed them")
     if not all(
@@ -196,15 +211,19 @@ def tier_client(
     verify: bool = True,
     threads: int = COPY_THREADS,
     gpu_hash: bool = True,
+    direct_io: bool = True,
 ) -> Iterator[tuple[TierClient, Path]]:
     """A sidecar with only this tier (its pid into ``pids``), its client (copying and hashing
-    on ``threads``; GPU blocks hashed by the GPU with ``gpu_hash``), and the NVMe data file."""
+    on ``threads``; GPU blocks hashed by the GPU with ``gpu_hash``; writing NVMe blocks itself
+    with ``direct_io``), and the NVMe data file."""
     block_bytes = BLOCK_BYTES
     settings = config(root, name, dram=dram, nvme=nvme, verify_reads=verify)
     started: list[int] = []
     with sidecar(root, settings, block_bytes, started) as kv:
         pids[name] = started[0]
-        client = TierClient(kv.socket_path, BLOCK_SHAPE, DTYPE, threads=threads, gpu_hash=gpu_hash)
+        client = TierClient(
+            kv.socket_path, BLOCK_SHAPE, DTYPE, threads=threads, gpu_hash=gpu_hash, direct_io=direct_io
+        )
         try:
             yield client, Path(kv.nvme.path) / "blocks.dat"
         finally:
@@ -333,7 +352,13 @@ def wait_sealed(client: TierClient, timeout_s: float = 300) -> None:
         time.sleep(0.001)
 
 
-def file_passes(root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor) -> dict[str, Pass]:
+def file_passes(
+    root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor, out: list[torch.Tensor] | None = None
+) -> dict[str, Pass]:
+    """Plain file I/O of the blocks' bytes: from and into buffers of its own (an anonymous
+    mapping), buffered and direct; with ``out``, also direct I/O straight from ``blocks`` and
+    into ``out`` (``direct_write_blocks``, ``direct_read_blocks``: what a plain program does
+    with the engine's own memory, where the engine's direct I/O runs)."""
     size = blocks[0].numel() * blocks[0].element_size()
     aligned = mmap.mmap(-1, size * len(blocks))  # direct I/O needs page-aligned buffers
     for i, block in enumerate(blocks):
@@ -348,7 +373,17 @@ def file_passes(root: Path, blocks: list[torch.Tensor], pool: ThreadPoolExecutor
         passes[f"{mode}_read"] = _file_pass(path, flags, targets, pool, os.preadv, size)
     fresh = _preallocated(root / "plain-direct-fresh.dat", REPEATS * size * len(blocks))
     passes["direct_fresh_write"] = _file_pass(fresh, os.O_DIRECT, sources, pool, os.pwritev, size, True)
+    if out is not None:
+        path = _preallocated(root / "plain-direct-blocks.dat", size * len(blocks))
+        own, into = _views(blocks, size), _views(out, size)
+        passes["direct_write_blocks"] = _file_pass(path, os.O_DIRECT, own, pool, os.pwritev, size)
+        passes["direct_read_blocks"] = _file_pass(path, os.O_DIRECT, into, pool, os.preadv, size)
     return passes
+
+
+def _views(tensors: list[torch.Tensor], size: int) -> list[memoryview]:
+    """The bytes of host tensors, as buffers plain I/O takes (page-aligned: ``allocate_cache``)."""
+    return [memoryview((ctypes.c_char * size).from_address(t.data_ptr())).cast("B") for t in tensors]
 
 
 def staged_passes(

@@ -11,6 +11,8 @@ block's parent is ``root_hash(cache_namespace, model)``. The namespace salt mean
 never produce the same key, so no tier can ever serve one tenant's blocks to another.
 A block's data is one contiguous tensor of shape ``[num_layers, 2, block_size, num_kv_heads,
 head_dim]`` (K then V), in the KV dtype; its byte size is fixed per engine (``block_bytes``).
+A host engine's blocks of whole pages start on a page (``PAGE``), so that the tiers can move
+them to and from the disk directly.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 HASH_BYTES = 16
+PAGE = 4096  # direct I/O's alignment: the tiers' slots, and a host engine's KV cache
 Tier = Literal["hbm", "dram", "nvme", "shared"]
 LOWER_TIERS: tuple[Tier, ...] = ("dram", "nvme", "shared")
 

@@ -18,6 +18,7 @@ from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.engine.sequence import SamplingParams
 from strata.worker.kv_connector import Tier
 from strata.worker.kvtier import pagelock
+from strata.worker.kvtier.client import TierClient
 from strata.worker.models.presets import write_model
 from strata.worker.server.main import build_engine
 
@@ -85,6 +86,9 @@ def decodes_like_recomputation(config: WorkerConfig, start_sidecar: Any, tier: T
     assert again.output_ids == reference.output_ids
     for got, want in zip(again.logits, reference.logits, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if tier == "nvme" and TEST_DEVICE == "cpu":  # the engine's cache on pages: its own NVMe I/O
+        client = engine.tiers.connector
+        assert isinstance(client, TierClient) and client.direct_saved and client.direct_loaded
 
 
 def test_engine_without_a_sidecar_recomputes(model_dir, root):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import xxhash
 
+from strata.worker.kv_connector import PAGE
 from strata.worker.kvtier.native import copyhash
 
 log = logging.getLogger(__name__)
-PAGE = 4096
 
 
 def slot_bytes_for(block_bytes: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from strata.worker.kvtier.blockcopy import (
     save_blocks,
     warm_gpu_hash,
 )
+from strata.worker.kvtier.blockio import HASH_THREADS, direct_ready, read_blocks, write_blocks
 from strata.worker.kvtier.pagelock import page_lock, page_unlock
 from strata.worker.tokenizer import load_tokenizer
 
@@ -59,6 +61,7 @@ class TierClient:
         pins: Sequence[bytes] = (),
         threads: int = COPY_THREADS,
         gpu_hash: bool = True,
+        direct_io: bool = True,
     ) -> None:
         self.socket_path = socket_path
         self.block_shape = block_shape
@@ -80,6 +83,17 @@ class TierClient:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvtier-client")
         # Blocks on a GPU hashed by the GPU (where Triton can): no host thread reads them.
         self.gpu_hash = gpu_hash
+        # Blocks only NVMe takes written by this process straight from the KV cache (host
+        # blocks on whole pages, where the sidecar offers it: ``direct``), no staging copy.
+        self.direct_io = direct_io
+        self._direct_fd: int | None = None  # the NVMe data file, passed by the sidecar
+        # Its reads and writes, as many at once as the sidecar's own (the NVMe tier's
+        # ``io_threads``: the same queue depth), while ``_hasher`` hashes the blocks.
+        self._io: ThreadPoolExecutor | None = None
+        self._hasher = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="kvtier-hash")
+        self._io_depth = 0
+        self._nvme_slot_bytes = 0
+        self.direct_saved = self.direct_loaded = 0  # blocks that went that way
         self._pins = list(pins)  # re-sent on every connect: a restarted sidecar forgets them
         self._outstanding: deque[str] = deque()  # ops sent whose replies are still to be read
         self._stored = 0  # blocks the puts of the current save stored, by their replies
@@ -134,6 +148,9 @@ class TierClient:
                     self._drain(self._sock)
             self._disconnect()
         self._pool.shutdown(wait=False)
+        self._hasher.shutdown(wait=False)
+        if self._io is not None:
+            self._io.shutdown(wait=False)
 
     # ---- beyond the protocol ----
 
@@ -154,23 +171,44 @@ class TierClient:
         asked for, so the read-ahead finds room. Stops when an answer brings nothing or a block
         fails its check (reported: the sidecar drops it, and gives back what it read ahead)."""
         count = min(len(hashes), len(out))
-        reply = self._call(self._get(hashes, 0, count))
+        direct = self._direct_ok(out[:count])
+        reply = self._call(self._get(hashes, 0, count, direct))
         loaded = 0
         while True:
             slots: list[int] = reply["slots"]
-            intact = self._copy_out(out[loaded:], reply)
-            self._send_later({"op": "release", "slots": slots})
+            if reply.get("nvme"):  # NVMe slots: read here, straight into the blocks
+                intact = self._read_direct(out[loaded:], reply)
+                self._send_later({"op": "release", "slots": [], "nvme_slots": slots})
+            else:
+                intact = self._copy_out(out[loaded:], reply)
+                self._send_later({"op": "release", "slots": slots})
             loaded += intact
             if intact < len(slots):
                 self._report_corrupt(hashes[loaded])
                 return loaded
             if not slots or loaded >= count:
                 return loaded
-            reply = self._call_pipelined(self._get(hashes, loaded, count))
+            reply = self._call_pipelined(self._get(hashes, loaded, count, direct))
 
     @staticmethod
-    def _get(hashes: Sequence[bytes], start: int, stop: int) -> protocol.Message:
-        return {"op": "get", "keys": [h.hex() for h in hashes[start:stop]]}
+    def _get(hashes: Sequence[bytes], start: int, stop: int, direct: bool) -> protocol.Message:
+        get = {"op": "get", "keys": [h.hex() for h in hashes[start:stop]]}
+        return get | {"direct": True} if direct else get
+
+    def _read_direct(self, out: Sequence[torch.Tensor], reply: dict[str, Any]) -> int:
+        """Read an answer's NVMe slots into the blocks, each checked as it is read (by the
+        descriptor ``direct_io`` passed); how many leading ones are intact."""
+        assert self._direct_fd is not None, "the sidecar names NVMe slots only to a direct_io client"
+        slots: list[int] = reply["slots"]
+        expected: list[int | None] = reply["checksums"]
+        stride = self._nvme_slot_bytes
+        reads = [(out[i].data_ptr(), slot * stride) for i, slot in enumerate(slots)]
+        assert self._io is not None
+        sums = read_blocks(self._io, self._hasher, self._direct_fd, reads, self.block_bytes)
+        intact = [got is not None and got == want for got, want in zip(sums, expected, strict=True)]
+        count = intact.index(False) if False in intact else len(intact)
+        self.direct_loaded += count
+        return count
 
     def _copy_out(self, out: Sequence[torch.Tensor], reply: dict[str, Any]) -> int:
         """Copy an answer's blocks out, checking them as they go; how many leading ones are intact."""
@@ -210,15 +248,16 @@ class TierClient:
         sock = self._connected()
         if not blocks:
             return 0
-        spans = save_batches(len(blocks), max(1, self._max_batch // 3))
+        direct = self._direct_ok(data)
+        spans = save_batches(len(blocks), max(1, self._max_batch // (1 if direct else 3)))
         batches = [(blocks[start:stop], data[start:stop]) for start, stop in spans]
         self._drain(sock)
         self._stored = 0
-        reserved = self._call(self._reserve(batches[0][0]))
+        reserved = self._call(self._reserve(batches[0][0], direct))
         for n, (refs, tensors) in enumerate(batches):
             put = self._fill(refs, tensors, reserved)
             if n + 1 < len(batches):
-                self._send_later(self._reserve(batches[n + 1][0]))
+                self._send_later(self._reserve(batches[n + 1][0], direct))
             self._send_later(put)
             if n + 1 < len(batches):
                 reserved = self._reply_to(sock, "reserve")
@@ -226,13 +265,22 @@ class TierClient:
             self._drain(sock)
         return self._stored
 
+    def _direct_ok(self, data: Sequence[torch.Tensor]) -> bool:
+        """Whether this save's blocks may be written to NVMe by this process: direct I/O
+        granted, and every block in host memory on whole pages."""
+        if self._direct_fd is None:
+            return False
+        addresses = host_sources(data, self.block_bytes)
+        return addresses is not None and direct_ready(addresses, self.block_bytes)
+
     @staticmethod
-    def _reserve(blocks: Sequence[BlockRef]) -> protocol.Message:
-        return {
+    def _reserve(blocks: Sequence[BlockRef], direct: bool) -> protocol.Message:
+        reserve = {
             "op": "reserve",
             "keys": [b.hash.hex() for b in blocks],
             "parents": [b.parent.hex() for b in blocks],
         }
+        return reserve | {"direct": True} if direct else reserve
 
     def _fill(
         self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor], reserved: dict[str, Any]
@@ -255,7 +303,21 @@ class TierClient:
             "parents": [blocks[i].parent.hex() for i in taken],
             "slots": given,
         }
+        put |= self._write_direct(data, reserved.get("nvme"))
         return put | {"checksums": sums} if any(s is not None for s in sums) else put
+
+    def _write_direct(self, data: Sequence[torch.Tensor], nvme: list[int | None] | None) -> protocol.Message:
+        """Write the blocks the reserve gave NVMe slots (``_direct_ok`` blocks) into them,
+        each hashed beside its write: the put's fields that commit them."""
+        chosen = [(i, slot) for i, slot in enumerate(nvme or []) if slot is not None]
+        if not chosen or self._direct_fd is None:
+            return {}
+        stride = self._nvme_slot_bytes
+        writes = [(data[i].data_ptr(), slot * stride) for i, slot in chosen]
+        assert self._io is not None
+        sums = write_blocks(self._io, self._hasher, self._direct_fd, writes, self.block_bytes)
+        self.direct_saved += len(chosen)
+        return {"nvme_slots": [slot for _, slot in chosen], "nvme_checksums": sums}
 
     def _copy(self, pairs: Sequence[Pair], hashed: bool) -> list[int]:
         """Copy a load's pairs out of the slots (device blocks, or host blocks unchecked); with
@@ -365,6 +427,8 @@ class TierClient:
             if not hello or not hello.get("ok"):
                 raise SidecarUnavailable(f"hello refused: {hello and hello.get('error')}")
             self._map(hello)
+            if self.direct_io and hello.get("direct_io"):
+                self._take_direct_io(sock)
             if self._pins:
                 protocol.send(sock, {"op": "pin", "keys": [h.hex() for h in self._pins]})
                 protocol.receive(sock)
@@ -385,11 +449,35 @@ class TierClient:
         self._page_locked = page_lock(self._slots, hello["shm_path"])
         self._max_batch = max(1, int(hello.get("max_batch", 1)))
 
+    def _take_direct_io(self, sock: socket.socket) -> None:
+        """Ask for the NVMe data file (passed with the reply); without it, saves stage."""
+        fds: list[int] = []
+        protocol.send(sock, {"op": "direct_io"})
+        reply = protocol.receive(sock, fds)
+        if reply is not None and reply.get("ok") and len(fds) == 1:
+            self._direct_fd, self._nvme_slot_bytes = fds.pop(), int(reply["slot_bytes"])
+            self._direct_threads(int(reply["io_threads"]))
+        else:
+            log.info("kvtier: no direct NVMe I/O: %s", reply and reply.get("error"))
+        for fd in fds:
+            os.close(fd)
+
+    def _direct_threads(self, depth: int) -> None:
+        """Threads for the direct I/O, as many as the sidecar's (a restarted one may differ)."""
+        if self._io is not None and self._io_depth != depth:
+            self._io.shutdown(wait=False)
+            self._io = None
+        if self._io is None:
+            self._io, self._io_depth = ThreadPoolExecutor(depth, thread_name_prefix="kvtier-direct"), depth
+
     def _unmap(self) -> None:
         if self._page_locked and self._slots is not None:
             page_unlock(self._slots)
         self._page_locked = False
         self._slots = None
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
+            self._direct_fd = None
         if self._arena is not None:
             with contextlib.suppress(BufferError):  # a tensor view still alive; the mapping goes with it
                 self._arena.close()

@@ -29,7 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata.worker.kvtier.arena import PAGE, checksum
+from strata.worker.kv_connector import PAGE
+from strata.worker.kvtier.arena import checksum
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,12 @@ class NvmeStore:
         while written < len(data):
             written += os.pwritev(fd, [data[written:]], offset + written)
         return record
+
+    @property
+    def direct_fd(self) -> int | None:
+        """The data file opened with ``O_DIRECT`` (None where the file system refuses it): what
+        an engine doing its own block I/O is handed."""
+        return self._direct_fd
 
     def _fd_for(self, buffer: memoryview) -> int:
         if self._direct_fd is not None and _page_aligned(buffer) and len(buffer) <= self.slot_bytes:

@@ -23,6 +23,10 @@ EXPECT_MAX_BODY_BYTES = 16 << 20
 # The id of the request the engine was working for when it sent a message (absent otherwise):
 # the sidecar logs its lines about that message under the same id as the router and the worker.
 REQUEST_ID_FIELD = "request_id"
+# A reply's open file descriptors, passed along with its frame (``SCM_RIGHTS``) rather than in
+# its JSON: the NVMe tier's data file, for an engine that reads and writes its blocks itself.
+FDS_FIELD = "fds"
+MAX_FDS = 4
 _LENGTH = struct.Struct(">I")
 
 Message = dict[str, Any]
@@ -44,15 +48,25 @@ def tagged(message: Message) -> Message:
 
 
 def send(sock: socket.socket, message: Message) -> None:
+    """Send one frame; a message's ``FDS_FIELD`` (a list of descriptors) rides along its first
+    byte as ancillary data and is not part of the JSON."""
+    fds = message.get(FDS_FIELD)
+    if fds is not None:
+        message = {k: v for k, v in message.items() if k != FDS_FIELD}
     body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
-    sock.sendall(_LENGTH.pack(len(body)) + body)
+    frame = _LENGTH.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [frame[:1]], list(fds))
+        frame = frame[sent:]
+    sock.sendall(frame)
 
 
-def receive(sock: socket.socket) -> Message | None:
-    """The next message, or None when the peer closed the connection between frames."""
-    head = _read_exact(sock, _LENGTH.size, allow_eof=True)
+def receive(sock: socket.socket, fds: list[int] | None = None) -> Message | None:
+    """The next message, or None when the peer closed the connection between frames. With
+    ``fds``, descriptors passed along the frame are appended to it (the caller owns them)."""
+    head = _read_exact(sock, _LENGTH.size, allow_eof=True, fds=fds)
     if head is None:
         return None
     (length,) = _LENGTH.unpack(head)
@@ -69,10 +83,16 @@ def receive(sock: socket.socket) -> Message | None:
     return message
 
 
-def _read_exact(sock: socket.socket, length: int, allow_eof: bool) -> bytes | None:
+def _read_exact(
+    sock: socket.socket, length: int, allow_eof: bool, fds: list[int] | None = None
+) -> bytes | None:
     chunks = bytearray()
     while len(chunks) < length:
-        chunk = sock.recv(length - len(chunks))
+        if fds is None:
+            chunk = sock.recv(length - len(chunks))
+        else:
+            chunk, passed, _, _ = socket.recv_fds(sock, length - len(chunks), MAX_FDS)
+            fds += passed
         if not chunk:
             if allow_eof and not chunks:
                 return None

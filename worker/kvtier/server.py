@@ -56,7 +56,7 @@ def start(service: KVTierService, owner: Owner, request: Message) -> Future[Mess
 
 def _put_async(service: KVTierService, owner: Owner, request: Message) -> Future[Message]:
     try:
-        pending = service.put_async(owner, _put_blocks(request))
+        pending = service.put_async(owner, _put_blocks(request), _written(request))
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         return _ready({"ok": False, "error": str(err)})
     reply: Future[Message] = Future()
@@ -102,26 +102,56 @@ def _lookup(service: KVTierService, owner: Owner, request: Message) -> dict[str,
 
 
 def _get(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
-    found = service.get(owner, protocol.keys_from(request))
-    return {"slots": [s for s, _ in found], "checksums": [c for _, c in found]}
+    keys = protocol.keys_from(request)
+    found = service.get_direct(owner, keys) if _flag(request, "direct") else None
+    on_nvme = found is not None  # NVMe slots, for the engine to read itself
+    found = found if found is not None else service.get(owner, keys)
+    answer = {"slots": [s for s, _ in found], "checksums": [c for _, c in found]}
+    return answer | {"nvme": True} if on_nvme else answer
 
 
 def _release(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
-    service.release(owner, _ints(request, "slots"))
+    nvme = _ints(request, "nvme_slots") if "nvme_slots" in request else []
+    service.release(owner, _ints(request, "slots"), nvme)
     return {}
+
+
+def _flag(request: Message, field: str) -> bool:
+    value = request.get(field, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}: expected true or false")
+    return value
 
 
 def _reserve(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
     keys = protocol.keys_from(request)
     parents = protocol.keys_from(request, "parents") if "parents" in request else None
-    slots = service.reserve(owner, keys, parents)
+    direct = _flag(request, "direct")
+    slots, nvme = service.reserve_direct(owner, keys, parents, direct)
     # Staging slots are written down at once: their checksums, taken along the engine's copy
     # (while the bytes are in its cache), spare the write path a pass over each slot.
-    return {"slots": slots, "hash": [slot is not None and service.is_staging(slot) for slot in slots]}
+    reply = {"slots": slots, "hash": [slot is not None and service.is_staging(slot) for slot in slots]}
+    return reply | {"nvme": nvme} if direct else reply
+
+
+def _direct_io(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
+    fd, slot_bytes = service.direct_io(owner)
+    io_threads = service.config.nvme.io_threads  # the engine's queue depth: the sidecar's own
+    return {"slot_bytes": slot_bytes, "io_threads": io_threads, protocol.FDS_FIELD: [fd]}
 
 
 def _put(service: KVTierService, owner: Owner, request: Message) -> dict[str, Any]:
-    return {"stored": service.put(owner, _put_blocks(request))}
+    return {"stored": service.put(owner, _put_blocks(request), _written(request))}
+
+
+def _written(request: Message) -> list[tuple[int, int]]:
+    """The NVMe slots the engine wrote itself, with their checksums (both required)."""
+    if "nvme_slots" not in request and "nvme_checksums" not in request:
+        return []
+    slots, sums = _ints(request, "nvme_slots"), _ints(request, "nvme_checksums")
+    if len(slots) != len(sums):
+        raise ValueError("nvme_slots, nvme_checksums: must have the same length")
+    return list(zip(slots, sums, strict=True))
 
 
 def _put_blocks(request: Message) -> list[PutBlock]:
@@ -193,6 +223,7 @@ _HANDLERS: dict[str, Callable[[KVTierService, Owner, Message], dict[str, Any]]] 
     "get": _get,
     "release": _release,
     "reserve": _reserve,
+    "direct_io": _direct_io,
     "put": _put,
     "prefetch": _prefetch,
     "expect": _expect,

@@ -24,7 +24,7 @@ from pathlib import Path
 from strata.worker.block_events import BlockEvents
 from strata.worker.cgroup import memory_limit
 from strata.worker.config import KVTierConfig
-from strata.worker.kvtier import promotion
+from strata.worker.kvtier import direct, promotion
 from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
 from strata.worker.kvtier.budget import (
     MAX_EXPECTED,
@@ -43,7 +43,7 @@ from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.janitor import Janitor
 from strata.worker.kvtier.metrics import TierMetrics
 from strata.worker.kvtier.movement import Mover
-from strata.worker.kvtier.nvme import NvmeStore
+from strata.worker.kvtier.nvme import NvmeStore, Record
 from strata.worker.kvtier.recovery import Found, Recovery, open_table
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
@@ -57,7 +57,7 @@ from strata.worker.kvtier.sightings import (
     open_places,
 )
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
-from strata.worker.kvtier.writedown import WritePlan
+from strata.worker.kvtier.writedown import WritePlan, engine_written
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,9 @@ class Owner:
     expected_blocks: int = 0  # their keys, counted
     next_ask: list[bytes] | None = None  # what the last answer left of its get: asked for next
     ahead: ReadAhead | None = None  # the answer to ``next_ask``, read before it was asked
+    direct_io: bool = False  # its engine writes NVMe slots itself (``KVTierService.direct_io``)
+    direct: dict[int, Record] = field(default_factory=dict)  # NVMe slots reserved for it, by slot
+    nvme_leases: list[int] = field(default_factory=list)  # NVMe slots its engine is reading
 
 
 @dataclass
@@ -164,7 +167,22 @@ class KVTierService:
                 "shm_path": str(self.dram.arena.path),
                 # A batch this size always finds slots (staging when DRAM is full or pinned).
                 "max_batch": self.staging_slots,
+                "direct_io": direct.refusal(self.nvme, self.shared) is None,
             }
+
+    def direct_io(self, owner: Owner) -> tuple[int, int]:
+        """Let ``owner``'s engine write the blocks NVMe takes into their slots itself (see
+        ``direct``): the NVMe data file's ``O_DIRECT`` descriptor (the caller passes it on, and
+        keeps it open) and the slot size. Refused, naming why, unless NVMe is the only lower
+        tier and takes direct I/O."""
+        with self._lock:
+            self._require()
+            why = direct.refusal(self.nvme, self.shared)
+            if why is not None:
+                raise ValueError(f"direct_io: not offered: {why}")
+            assert self.nvme is not None and self.nvme.store.direct_fd is not None
+            owner.direct_io = True
+            return self.nvme.store.direct_fd, self.nvme.store.slot_bytes
 
     def _build(self, block_bytes: int) -> None:
         cfg = self.config
@@ -357,6 +375,34 @@ class KVTierService:
             owner.next_ask = _left(keys, found)
             return found
 
+    def get_direct(self, owner: Owner, keys: Sequence[bytes]) -> list[tuple[int, int | None]] | None:
+        """``get`` for an engine granted ``direct_io`` by a sidecar without a DRAM tier (where
+        every block read would only pass through a staging slot): the NVMe slots and checksums
+        of the leading blocks NVMe holds, leased to ``owner`` until ``release`` names them, for
+        the engine to read into its KV cache itself. None where that does not apply (a DRAM
+        tier would keep what is read): ``get`` then."""
+        with self._lock:
+            mover = self._require()
+            nvme = mover.nvme
+            if not owner.direct_io or mover.dram.capacity or nvme is None:
+                return None
+            self.drop_ahead(owner)
+            self._claim(keys)
+            now, found = time.time(), list[tuple[int, int | None]]()
+            for key in keys:
+                mover.saw(key)
+            for key in keys:
+                entry = nvme.index.get(key)
+                if entry is None or entry.checksum is None:
+                    break
+                nvme.index.record_hit(key, entry.parent)
+                nvme.index.touch(key, now)
+                nvme.lease(entry.slot)  # not rewritten while the engine reads it, even if evicted
+                owner.nvme_leases.append(entry.slot)
+                found.append((entry.slot, entry.checksum))
+            self.metrics.read_bytes.labels("nvme").inc(len(found) * self.block_bytes)
+            return found
+
     def read_ahead(self, owner: Owner) -> None:
         """Read the answer to what the last answer left of its get (``next_ask``) now, before
         the client asks: its disk reads overlap the client's copy of the answer just sent,
@@ -485,15 +531,26 @@ class KVTierService:
         none would take it). A block DRAM admits gets a DRAM slot; one it refuses gets a
         staging slot when a lower tier may store it. Reserved slots belong to ``owner`` until
         ``put``."""
+        return self.reserve_direct(owner, keys, parents, direct=False)[0]
+
+    def reserve_direct(
+        self, owner: Owner, keys: Sequence[bytes], parents: Sequence[bytes | None] | None, direct: bool
+    ) -> tuple[list[int | None], list[int | None]]:
+        """``reserve``; with ``direct`` (an owner granted ``direct_io``), a block DRAM refuses
+        gets an NVMe slot for the engine to write itself (second list) where NVMe admits it,
+        instead of a staging slot."""
         parents = parents if parents is not None else [None] * len(keys)
         if len(parents) != len(keys):
             raise ValueError("parents: must have one entry per key")
+        if direct and not owner.direct_io:
+            raise ValueError("direct: this connection was not granted direct_io")
         with self._lock:
             mover = self._require()
             dram = mover.dram
             now = time.time()
             to_dram: list[bytes] = []
             to_staging: set[bytes] = set()
+            to_nvme: dict[bytes, Entry] = {}
             self._claim(keys)
             for key, parent in zip(keys, parents, strict=True):
                 mover.saw(key)
@@ -502,6 +559,8 @@ class KVTierService:
                     dram.used(held)
                 elif dram.capacity and key not in to_dram and dram.index.admits(key, parent):
                     to_dram.append(key)
+                elif direct and self.nvme is not None and key not in self.nvme.index:
+                    to_nvme.setdefault(key, Entry(parent, self.config.priority, False, now))
                 elif self._lower_tier_takes(key):
                     to_staging.add(key)
             slots = mover.dram_slots(len(to_dram)) if to_dram else []
@@ -509,7 +568,19 @@ class KVTierService:
             self._poke_demoter()
             given: dict[bytes, int | None] = dict(zip(to_dram, slots, strict=False))
             given |= {key: None for key in [*to_dram[len(slots) :], *to_staging]}
-            return [self._assign(owner, key, given) for key in keys]
+            return [self._assign(owner, key, given) for key in keys], self._take_direct(owner, keys, to_nvme)
+
+    def _take_direct(
+        self, owner: Owner, keys: Sequence[bytes], blocks: dict[bytes, Entry]
+    ) -> list[int | None]:
+        """NVMe slots for the engine to write ``blocks`` into (those the tier admits), in the
+        order of ``keys``; None for every other key."""
+        if not blocks:
+            return [None] * len(keys)
+        records = self._require().writer.take_direct(list(blocks.items()))
+        owner.direct |= {record.slot: record for record in records if record is not None}
+        taken = {record.key: record.slot for record in records if record is not None}
+        return [taken.pop(key, None) for key in keys]
 
     def _await_staging(self, needed: int) -> None:
         """While staging puts are being committed, wait (lock released, bounded) until
@@ -543,11 +614,13 @@ class KVTierService:
             return True
         return self.shared is not None and key not in self.shared.index
 
-    def put(self, owner: Owner, blocks: Sequence[PutBlock]) -> int:
+    def put(self, owner: Owner, blocks: Sequence[PutBlock], written: Sequence[tuple[int, int]] = ()) -> int:
         """:meth:`put_async`, waiting until its blocks are committed."""
-        return self.put_async(owner, blocks).result()
+        return self.put_async(owner, blocks, written).result()
 
-    def put_async(self, owner: Owner, blocks: Sequence[PutBlock]) -> Future[int]:
+    def put_async(
+        self, owner: Owner, blocks: Sequence[PutBlock], written: Sequence[tuple[int, int]] = ()
+    ) -> Future[int]:
         """Commit blocks the engine copied into its reserved slots; the future resolves to how
         many were kept. Checksums are of the bytes in the slots: the client's (hashed right
         after its copy, while in cache) or, where it sent none, taken here. DRAM blocks are
@@ -555,23 +628,30 @@ class KVTierService:
         DRAM blocks' too, are queued here and committed (written, synced, logged: durable) by
         the committer thread, which then frees their staging slots and resolves the future. So
         the next batch's writes queue on the device while this one is synced, the connection
-        reads its next request meanwhile, and the lock is not held while the disk writes."""
+        reads its next request meanwhile, and the lock is not held while the disk writes.
+        ``written``: (NVMe slot, checksum) of each block the engine wrote into a slot its
+        reserve gave it (``reserve_direct``), committed by the committer likewise."""
         started = time.perf_counter()
         with self._lock:
             mover = self._require()
             if self._closed:
                 raise RuntimeError("sidecar stopping: put refused")
-            stored, staged = self._enter(owner, blocks)
+            by_engine = engine_written(direct.written(owner.direct, *_columns(written)))
+            try:
+                stored, staged = self._enter(owner, blocks)
+            except ValueError:  # the engine's slots are no use now: free again
+                mover.writer.abandon([record for record, _ in by_engine.nvme])
+                raise
             if self._sealer is not None:
                 self._sealer.add([k for k, e in stored if e.checksum is None])
             self.metrics.written_bytes.labels("dram").inc(len(stored) * self.block_bytes)
             self.metrics.write_seconds.labels("dram").observe(time.perf_counter() - started)
             through = stored if self.config.write_mode == "write-through" else []
-            count = len(stored) + len(staged)
+            count = len(stored) + len(staged) + len(by_engine.nvme)
             down = [(k, e) for k, e in staged if mover.dram.is_staging(e.slot)] + through
             plan = mover.writer.plan(down, False)
             mover.publish_usage()
-            if not staged and not plan.nvme and not plan.shared:
+            if not staged and not plan.nvme and not plan.shared and not by_engine.nvme:
                 return _done(count)
             # Written from their DRAM slots outside the lock: a slot evicted meanwhile is not
             # handed out again until the write is committed (the lease defers its return).
@@ -581,7 +661,7 @@ class KVTierService:
             mover.writer.start(plan)
             self._writing += 1
             staging = [e.slot for _, e in staged]
-            return self._committer.submit(self._commit_put, mover, plan, staging, leased, count)
+            return self._committer.submit(self._commit_put, mover, [plan, by_engine], staging, leased, count)
 
     def _enter(self, owner: Owner, blocks: Sequence[PutBlock]) -> tuple[list[Block], list[Block]]:
         """The blocks of a put as (key, entry): those entering DRAM (added to its index here)
@@ -609,16 +689,18 @@ class KVTierService:
         return stored, staged
 
     def _commit_put(
-        self, mover: Mover, plan: WritePlan, slots: list[int], leased: list[int], count: int
+        self, mover: Mover, plans: list[WritePlan], slots: list[int], leased: list[int], count: int
     ) -> int:
-        """On the committer thread: wait for a put's queued writes, sync them, then (under the
-        lock) enter them into the lower tiers, free the put's staging slots and end the leases
-        on the DRAM slots written through."""
+        """On the committer thread: wait for a put's queued writes, sync them (and the blocks
+        the engine wrote), then (under the lock) enter them into the lower tiers, free the
+        put's staging slots and end the leases on the DRAM slots written through."""
         try:
-            mover.writer.finish(plan)
+            for plan in plans:
+                mover.writer.finish(plan)
         finally:
             with self._lock:
-                mover.writer.commit(plan)
+                for plan in plans:
+                    mover.writer.commit(plan)
                 for slot in slots:
                     mover.dram.give_back(slot)
                 for slot in leased:
@@ -630,9 +712,16 @@ class KVTierService:
 
     # ---- connection bookkeeping ----
 
-    def release(self, owner: Owner, slots: Sequence[int]) -> None:
+    def release(self, owner: Owner, slots: Sequence[int], nvme_slots: Sequence[int] = ()) -> None:
+        """End ``owner``'s leases on DRAM or staging ``slots`` (a copy out ended), and on the
+        ``nvme_slots`` of a ``get_direct`` (its engine's reads ended)."""
         with self._lock:
             self._unlease(owner, slots)
+            nvme = self._require().nvme
+            for slot in nvme_slots:
+                if slot in owner.nvme_leases and nvme is not None:
+                    owner.nvme_leases.remove(slot)
+                    nvme.unlease(slot)
 
     def _unlease(self, owner: Owner, slots: Sequence[int]) -> None:
         dram = self._require().dram
@@ -650,9 +739,16 @@ class KVTierService:
                 self.dram.unlease(slot)
             for slot in owner.reserved:
                 self.dram.give_back(slot)
+            if self._mover is not None:
+                self._mover.writer.abandon(list(owner.direct.values()))
+            if self.nvme is not None:
+                for slot in owner.nvme_leases:
+                    self.nvme.unlease(slot)
+            owner.nvme_leases.clear()
             self._forget_expected(owner, list(owner.expected))
             owner.leases.clear()
             owner.reserved.clear()
+            owner.direct.clear()
             owner.ahead = owner.next_ask = None
 
     def report_corrupt(self, keys: Sequence[bytes]) -> None:
@@ -877,6 +973,10 @@ def staging_budget(asked: int, half: int) -> int:
     if asked <= 2 * half:
         return min(half, max(MIN_ANSWER, half // 4, -(-asked // 2)))
     return half
+
+
+def _columns(written: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    return [slot for slot, _ in written], [crc for _, crc in written]
 
 
 def _left(keys: Sequence[bytes], found: Sequence[object]) -> list[bytes] | None:

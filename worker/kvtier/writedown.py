@@ -7,7 +7,8 @@ sync, append the records): a staging put queues its batch under the lock and lea
 to the service's committer, so the next batch's writes queue behind it meanwhile.
 
 The bytes written are in DRAM or staging slots, which the caller keeps (leased or held) until
-``commit`` returns.
+``commit`` returns; or the engine wrote them itself (``take_direct``, ``engine_written``): then
+``finish`` only syncs and logs them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ class WritePlan:
     nvme_error: OSError | None = None
     shared_written: list[bool] = field(default_factory=list)
     nvme_seconds: float = 0.0
+    by_engine: bool = False  # the engine wrote the NVMe blocks: nothing to write, only to commit
+
+
+def engine_written(records: Sequence[Record]) -> WritePlan:
+    """The plan of blocks an engine wrote into the NVMe slots ``take_direct`` gave it (with
+    their checksums): ``finish`` syncs and logs them, ``commit`` indexes them."""
+    return WritePlan(False, nvme=[(record, _NOTHING) for record in records], by_engine=True)
 
 
 class Writer:
@@ -85,20 +93,45 @@ class Writer:
         return key not in self.nvme.index and key not in self.in_flight and self.nvme_admits(key, entry)
 
     def _take_nvme_slots(self, blocks: Sequence[tuple[bytes, Entry]]) -> list[tuple[Record, memoryview]]:
+        records = self._take_records(blocks)
+        return [
+            (record, self.dram.slot(entry.slot)) for record, (_, entry) in zip(records, blocks, strict=False)
+        ]
+
+    def take_direct(self, blocks: Sequence[tuple[bytes, Entry]]) -> list[Record | None]:
+        """Under the lock: an NVMe slot (in a record without its checksum yet) for each block
+        the tier admits, for the engine to write itself; None for the others. In flight until
+        their plan (``engine_written``) commits, or ``abandon``."""
+        taken = [(k, e) for k, e in blocks if self.nvme is not None and self._nvme_takes(k, e)]
+        records = {record.key: record for record in self._take_records(taken)}
+        self.in_flight.update(records)
+        return [records.get(key) for key, _ in blocks]
+
+    def abandon(self, records: Sequence[Record]) -> None:
+        """Under the lock: slots ``take_direct`` gave an engine that will not commit them (its
+        connection ended): free again. Any bytes it wrote there are in no index."""
+        assert self.nvme is not None or not records
+        for record in records:
+            self.in_flight.discard(record.key)
+            if self.nvme is not None:
+                self.nvme.give_back(record.slot)
+
+    def _take_records(self, blocks: Sequence[tuple[bytes, Entry]]) -> list[Record]:
+        """Free NVMe slots for the leading ``blocks`` (the tier evicting to make room), as far
+        as there are slots; records for them, with the entries' checksums where they have one."""
         nvme = self.nvme
         if nvme is None or not blocks:
             return []
         # Room for these and for the blocks still in flight (their slots are taken; they enter
         # the index at their commit), or a pipelined put would find no free slot.
         self.evict_nvme(nvme.index.make_room(len(blocks) + len(self.in_flight)))
-        batch: list[tuple[Record, memoryview]] = []
+        records: list[Record] = []
         for key, entry in blocks:
             slot = nvme.take_slot()
             if slot is None:
                 break
-            record = Record(key, _parent_bytes(entry), slot, entry.priority, entry.checksum)
-            batch.append((record, self.dram.slot(entry.slot)))
-        return batch
+            records.append(Record(key, _parent_bytes(entry), slot, entry.priority, entry.checksum))
+        return records
 
     def _shared_room(self) -> bool:
         """Make room for one more block in this worker's share (victims' files deleted). Asked
@@ -147,7 +180,7 @@ class Writer:
     def start(self, plan: WritePlan) -> None:
         """``write``'s first half: queue the plan's NVMe writes on the store's I/O threads and
         return at once (the lock may be held: nothing here waits for the device)."""
-        if plan.nvme and self.nvme is not None:
+        if plan.nvme and self.nvme is not None and not plan.by_engine:
             plan.started = time.perf_counter()
             plan.nvme_pending = self.nvme.store.submit(plan.nvme)
 
@@ -156,6 +189,9 @@ class Writer:
         write the shared tier's blocks."""
         if plan.nvme_pending:
             self._nvme_io(plan, lambda store: store.commit(store.written(plan.nvme_pending)))
+        elif plan.by_engine and plan.nvme:
+            plan.started = time.perf_counter()  # (the engine's writes are timed by the engine)
+            self._nvme_io(plan, lambda store: store.commit([record for record, _ in plan.nvme]))
         plan.shared_written = [self._write_shared(key, entry, data) for key, entry, data in plan.shared]
 
     def _nvme_io(self, plan: WritePlan, io: Callable[[NvmeStore], list[Record]]) -> None:
@@ -213,6 +249,9 @@ class Writer:
             nvme.index.add(record.key, entry)
         if nvme.store.needs_compaction(len(nvme.index)):
             nvme.store.compact(nvme.records(), len(nvme.index))
+
+
+_NOTHING = memoryview(b"")  # an engine-written block's bytes: not the sidecar's to touch
 
 
 def _parent_bytes(entry: Entry) -> bytes:

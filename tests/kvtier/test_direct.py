@@ -1,0 +1,217 @@
+"""An engine's own NVMe I/O (``direct_io``): where NVMe is the only tier below DRAM, an engine
+whose blocks are whole pages on page boundaries writes them into the NVMe slots the sidecar
+names and, without a DRAM tier, reads them back itself; the sidecar still decides, commits and
+checks. What may go wrong around it: slots of a connection that ends, a put naming slots it
+was not given, bytes that are not what the put said, an eviction while the engine reads."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from strata.worker.engine.model_runner import allocate_cache
+from strata.worker.kv_connector import PAGE, BlockRef
+from strata.worker.kvtier import protocol
+from strata.worker.kvtier.client import TierClient
+from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
+
+from .conftest import kvtier_config
+
+SHAPE = (4, 2, 16, 8, 32)  # 64 KiB in bf16: whole pages
+DTYPE = torch.bfloat16
+BLOCK_BYTES = 64 * 1024
+CPU = torch.device("cpu")
+
+
+def chain(seed: int, count: int) -> list[BlockRef]:
+    keys = [bytes([seed, i]) * 8 for i in range(count)]
+    return [BlockRef(k, keys[i - 1] if i else b"\0" * 16, i) for i, k in enumerate(keys)]
+
+
+def filled(count: int, seed: int = 0) -> torch.Tensor:
+    cache = allocate_cache((count, *SHAPE), DTYPE, CPU)
+    cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(seed)).to(DTYPE))
+    return cache
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def nvme_only(root: Path, nvme_blocks: int = 64, **overrides: object):
+    nvme = {"capacity_bytes": nvme_blocks * BLOCK_BYTES}
+    return kvtier_config(root, dram={"capacity_bytes": 0}, nvme=nvme, **overrides)
+
+
+@pytest.fixture
+def connect(root, start_sidecar):
+    """A sidecar with NVMe only, and clients of it (closed at teardown)."""
+    config = nvme_only(root)
+    start_sidecar(config)
+    clients: list[TierClient] = []
+
+    def client(direct_io: bool = True) -> TierClient:
+        clients.append(TierClient(config.socket_path, SHAPE, DTYPE, direct_io=direct_io))
+        return clients[-1]
+
+    yield client
+    for made in clients:
+        made.close()
+
+
+def test_the_engine_cache_on_the_cpu_starts_on_a_page_and_is_zeroed():
+    cache = allocate_cache((3, *SHAPE), DTYPE, CPU)
+    assert cache.data_ptr() % PAGE == 0 and cache[1].data_ptr() % PAGE == 0
+    assert cache.is_contiguous() and not cache.float().abs().sum()
+
+
+def test_blocks_on_whole_pages_go_to_nvme_and_back_by_the_engine_itself(connect):
+    client, blocks, data = connect(), chain(1, 12), filled(12)
+    assert client.save_checked(blocks, list(data.unbind())) == 12
+    assert client.direct_saved == 12  # no staging slot: the engine wrote them
+    out = allocate_cache((12, *SHAPE), DTYPE, CPU)
+    assert client.load([b.hash for b in blocks], list(out.unbind())) == 12
+    assert client.direct_loaded == 12
+    assert same(out, data)
+    stats = client.stats()
+    assert stats is not None and stats["tiers"]["nvme"]["blocks"] == 12
+
+
+def test_blocks_off_page_boundaries_are_staged_as_before(connect):
+    count, client = 6, connect()
+    raw = torch.empty(count * BLOCK_BYTES // 2 + 64, dtype=DTYPE)  # a block starts 128 bytes in
+    data = raw[64:].view(count, *SHAPE)
+    data.copy_(filled(count))
+    assert client.save_checked(chain(2, count), list(data.unbind())) == count
+    out = torch.empty((count, *SHAPE), dtype=DTYPE)
+    assert client.load([b.hash for b in chain(2, count)], list(out.unbind())) == count
+    assert client.direct_saved == client.direct_loaded == 0
+    assert same(out, data)
+
+
+def test_a_client_told_not_to_stages_its_blocks(connect):
+    client = connect(direct_io=False)
+    assert client.save_checked(chain(3, 4), list(filled(4).unbind())) == 4
+    assert client.direct_saved == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "block_bytes", "reason"),
+    [
+        ({"shared": {"enabled": True}}, BLOCK_BYTES, "a shared tier is on"),
+        ({}, BLOCK_BYTES + 512, "not whole 4096-byte pages"),
+        ({"nvme": {"capacity_bytes": 0}}, BLOCK_BYTES, "the NVMe tier is off"),
+    ],
+)
+def test_direct_io_is_refused_naming_why(root, overrides, block_bytes, reason):
+    config = kvtier_config(root, dram={"capacity_bytes": 0}, **overrides)
+    service = KVTierService(config)
+    try:
+        assert service.configure(block_bytes)["direct_io"] is False
+        with pytest.raises(ValueError, match=reason):
+            service.direct_io(Owner())
+        with pytest.raises(ValueError, match="not granted direct_io"):
+            service.reserve_direct(Owner(), [b"k" * 16], None, direct=True)
+    finally:
+        service.close()
+
+
+@pytest.fixture
+def service(root):
+    service = KVTierService(nvme_only(root, nvme_blocks=8))
+    service.configure(BLOCK_BYTES)
+    yield service
+    service.close()
+
+
+def granted(service: KVTierService) -> Owner:
+    owner = Owner()
+    service.direct_io(owner)
+    return owner
+
+
+def free_nvme(service: KVTierService) -> int:
+    assert service.nvme is not None
+    return len(service.nvme._free)
+
+
+def test_slots_of_a_connection_that_ends_before_its_put_are_free_again(service):
+    owner = granted(service)
+    keys = [b.hash for b in chain(4, 5)]
+    slots, nvme = service.reserve_direct(owner, keys, None, direct=True)
+    assert slots == [None] * 5 and None not in nvme
+    assert free_nvme(service) == 3
+    service.drop_owner(owner)
+    assert free_nvme(service) == 8 and not owner.direct
+    again = granted(service)
+    assert None not in service.reserve_direct(again, keys, None, direct=True)[1]  # not "in flight"
+
+
+def test_a_put_naming_a_slot_it_was_not_given_takes_nothing(service):
+    owner = granted(service)
+    _, nvme = service.reserve_direct(owner, [b.hash for b in chain(5, 2)], None, direct=True)
+    stranger = next(s for s in range(8) if s not in nvme)
+    with pytest.raises(ValueError, match=f"nvme_slots: slot {stranger} is not reserved"):
+        service.put(owner, [], [(nvme[0], 1), (stranger, 2)])
+    assert set(owner.direct) == set(nvme)  # both still the connection's
+    with pytest.raises(ValueError, match="appears twice"):
+        service.put(owner, [], [(nvme[0], 1), (nvme[0], 1)])
+
+
+def test_a_put_that_fails_on_its_staging_blocks_gives_its_nvme_slots_back(service):
+    owner = granted(service)
+    _, nvme = service.reserve_direct(owner, [b.hash for b in chain(6, 2)], None, direct=True)
+    bad = PutBlock(b"x" * 16, b"\0" * 16, slot=10_000)  # a staging slot never reserved
+    with pytest.raises(ValueError, match="not reserved by this connection"):
+        service.put(owner, [bad], [(nvme[0], 1)])
+    assert free_nvme(service) == 7  # the put's slot is back; the other is still reserved
+
+
+def test_bytes_that_are_not_what_the_put_said_are_never_served(root, connect):
+    client, blocks, data = connect(), chain(7, 4), filled(4)
+    assert client.save_checked(blocks, list(data.unbind())) == 4
+    with open(root / "nvme" / "blocks.dat", "r+b") as disk:  # slots 0-3, in order
+        disk.seek(2 * BLOCK_BYTES + 100)
+        disk.write(b"torn")
+    out = allocate_cache((4, *SHAPE), DTYPE, CPU)
+    assert client.load([b.hash for b in blocks], list(out.unbind())) == 2
+    assert client.corrupt_blocks == 1
+    assert client.lookup([b.hash for b in blocks]) == ["nvme", "nvme"]  # the bad one dropped
+
+
+def test_a_slot_the_engine_reads_is_not_rewritten_until_it_is_released(service):
+    reader, writer = granted(service), granted(service)
+    first = chain(8, 8)
+    _, nvme = service.reserve_direct(writer, [b.hash for b in first], None, direct=True)
+    service.put(writer, [], [(slot, 0) for slot in nvme if slot is not None])
+    found = service.get_direct(reader, [first[0].hash])
+    assert found is not None and len(found) == 1
+    ((leased, _),) = found
+    # A full tier: eight more blocks evict all eight, but the leased slot is not handed out.
+    _, again = service.reserve_direct(writer, [b.hash for b in chain(9, 8)], None, direct=True)
+    assert leased not in again and again.count(None) == 1
+    service.release(reader, [], [leased])
+    assert free_nvme(service) == 1 and service.nvme is not None and leased in service.nvme._free
+
+
+def test_descriptors_travel_beside_a_frame_not_in_it(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"data")
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        protocol.send(left, {"ok": True, "n": 1, protocol.FDS_FIELD: [fd]})
+        protocol.send(left, {"ok": True, "n": 2})
+        passed: list[int] = []
+        assert protocol.receive(right, passed) == {"ok": True, "n": 1}
+        assert len(passed) == 1 and os.fstat(passed[0]).st_ino == os.fstat(fd).st_ino
+        assert protocol.receive(right) == {"ok": True, "n": 2}
+        os.close(passed[0])
+    finally:
+        os.close(fd)
+        left.close()
+        right.close()
