@@ -1,7 +1,8 @@
 """An engine's own NVMe block I/O (the protocol's ``direct_io``): the sidecar's side.
 
-Where NVMe is the only tier below DRAM, a block DRAM does not take would be copied by the
-engine into a staging slot and written by the sidecar from there. That copy is a whole extra
+Where NVMe is below DRAM (with a shared tier below it only in write-back mode), a block DRAM
+does not take would be copied by the engine into a staging slot and written by the sidecar
+from there. That copy is a whole extra
 pass over memory, competing with the disk's DMA: a full tier wrote at 0.71x of plain direct
 writes with it (docs/kvtier-measurements.md). Instead the sidecar hands the engine its data
 file (opened ``O_DIRECT``, passed over the socket with ``SCM_RIGHTS``: no volume to mount in
@@ -26,16 +27,18 @@ from strata.worker.kvtier.nvme import Record
 from strata.worker.kvtier.tiers import NvmeTier, SharedTier
 
 
-def refusal(nvme: NvmeTier | None, shared: SharedTier | None) -> str | None:
-    """Why this sidecar does not offer direct I/O, or None when it does."""
+def refusal(nvme: NvmeTier | None, shared: SharedTier | None, write_mode: str) -> str | None:
+    """Why this sidecar does not offer direct I/O, or None when it does. (In write-back mode a
+    block NVMe admits does not go to the shared tier when written: only the blocks NVMe
+    refuses do, and those still pass through staging slots.)"""
     if nvme is None:
         return "the NVMe tier is off"
     if nvme.store.direct_fd is None:
         return "the NVMe tier's file system does not take O_DIRECT"
     if nvme.store.block_bytes % PAGE:
         return f"blocks of {nvme.store.block_bytes} bytes are not whole {PAGE}-byte pages"
-    if shared is not None:
-        return "a shared tier is on: its writes take the blocks from shared memory"
+    if shared is not None and write_mode == "write-through":
+        return "a shared tier in write-through mode takes every block from shared memory"
     return None
 
 

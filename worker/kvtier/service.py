@@ -85,6 +85,7 @@ class Owner:
     direct_io: bool = False  # its engine writes NVMe slots itself (``KVTierService.direct_io``)
     direct: dict[int, Record] = field(default_factory=dict)  # NVMe slots reserved for it, by slot
     nvme_leases: list[int] = field(default_factory=list)  # NVMe slots its engine is reading
+    nvme_refused: set[bytes] = field(default_factory=set)  # staged at a direct reserve: NVMe said no
 
 
 @dataclass
@@ -167,7 +168,7 @@ class KVTierService:
                 "shm_path": str(self.dram.arena.path),
                 # A batch this size always finds slots (staging when DRAM is full or pinned).
                 "max_batch": self.staging_slots,
-                "direct_io": direct.refusal(self.nvme, self.shared) is None,
+                "direct_io": direct.refusal(self.nvme, self.shared, self.config.write_mode) is None,
             }
 
     def direct_io(self, owner: Owner) -> tuple[int, int]:
@@ -177,11 +178,15 @@ class KVTierService:
         tier and takes direct I/O."""
         with self._lock:
             self._require()
-            why = direct.refusal(self.nvme, self.shared)
+            why = direct.refusal(self.nvme, self.shared, self.config.write_mode)
             if why is not None:
                 raise ValueError(f"direct_io: not offered: {why}")
             assert self.nvme is not None and self.nvme.store.direct_fd is not None
             owner.direct_io = True
+            log.info(
+                "kvtier: a client reads and writes its NVMe blocks itself (direct_io)",
+                extra={"event": "direct_io", "slot_bytes": self.nvme.store.slot_bytes},
+            )
             return self.nvme.store.direct_fd, self.nvme.store.slot_bytes
 
     def _build(self, block_bytes: int) -> None:
@@ -380,11 +385,14 @@ class KVTierService:
         every block read would only pass through a staging slot): the NVMe slots and checksums
         of the leading blocks NVMe holds, leased to ``owner`` until ``release`` names them, for
         the engine to read into its KV cache itself. None where that does not apply (a DRAM
-        tier would keep what is read): ``get`` then."""
+        tier would keep what is read; the first block is not on NVMe, so perhaps on the shared
+        tier): ``get`` then."""
         with self._lock:
             mover = self._require()
             nvme = mover.nvme
-            if not owner.direct_io or mover.dram.capacity or nvme is None:
+            if not owner.direct_io or mover.dram.capacity or nvme is None or not keys:
+                return None
+            if keys[0] not in nvme.index:
                 return None
             self.drop_ahead(owner)
             self._claim(keys)
@@ -538,7 +546,7 @@ class KVTierService:
     ) -> tuple[list[int | None], list[int | None]]:
         """``reserve``; with ``direct`` (an owner granted ``direct_io``), a block DRAM refuses
         gets an NVMe slot for the engine to write itself (second list) where NVMe admits it,
-        instead of a staging slot."""
+        instead of a staging slot; one NVMe refuses, a staging slot for the shared tier."""
         parents = parents if parents is not None else [None] * len(keys)
         if len(parents) != len(keys):
             raise ValueError("parents: must have one entry per key")
@@ -564,23 +572,30 @@ class KVTierService:
                 elif self._lower_tier_takes(key):
                     to_staging.add(key)
             slots = mover.dram_slots(len(to_dram)) if to_dram else []
+            taken = self._take_direct(owner, to_nvme)
+            to_staging |= self._refused_for_shared(owner, [k for k in to_nvme if k not in taken])
             self._await_staging(len(to_staging) + len(to_dram) - len(slots))
             self._poke_demoter()
             given: dict[bytes, int | None] = dict(zip(to_dram, slots, strict=False))
             given |= {key: None for key in [*to_dram[len(slots) :], *to_staging]}
-            return [self._assign(owner, key, given) for key in keys], self._take_direct(owner, keys, to_nvme)
+            return [self._assign(owner, key, given) for key in keys], [taken.pop(k, None) for k in keys]
 
-    def _take_direct(
-        self, owner: Owner, keys: Sequence[bytes], blocks: dict[bytes, Entry]
-    ) -> list[int | None]:
-        """NVMe slots for the engine to write ``blocks`` into (those the tier admits), in the
-        order of ``keys``; None for every other key."""
+    def _take_direct(self, owner: Owner, blocks: dict[bytes, Entry]) -> dict[bytes, int]:
+        """NVMe slots for the engine to write ``blocks`` into, by key: those the tier admits
+        and has room for."""
         if not blocks:
-            return [None] * len(keys)
-        records = self._require().writer.take_direct(list(blocks.items()))
-        owner.direct |= {record.slot: record for record in records if record is not None}
-        taken = {record.key: record.slot for record in records if record is not None}
-        return [taken.pop(key, None) for key in keys]
+            return {}
+        records = [r for r in self._require().writer.take_direct(list(blocks.items())) if r is not None]
+        owner.direct |= {record.slot: record for record in records}
+        return {record.key: record.slot for record in records}
+
+    def _refused_for_shared(self, owner: Owner, keys: list[bytes]) -> set[bytes]:
+        """Of the blocks NVMe did not take at a direct reserve, those the shared tier may store:
+        staged for it, and not offered to NVMe again at their put (``Writer.plan``)."""
+        shared = self.shared
+        staged = {key for key in keys if shared is not None and key not in shared.index}
+        owner.nvme_refused |= staged
+        return staged
 
     def _await_staging(self, needed: int) -> None:
         """While staging puts are being committed, wait (lock released, bounded) until
@@ -642,6 +657,8 @@ class KVTierService:
             except ValueError:  # the engine's slots are no use now: free again
                 mover.writer.abandon([record for record, _ in by_engine.nvme])
                 raise
+            refused = owner.nvme_refused & {key for key, _ in staged}
+            owner.nvme_refused -= refused
             if self._sealer is not None:
                 self._sealer.add([k for k, e in stored if e.checksum is None])
             self.metrics.written_bytes.labels("dram").inc(len(stored) * self.block_bytes)
@@ -649,7 +666,7 @@ class KVTierService:
             through = stored if self.config.write_mode == "write-through" else []
             count = len(stored) + len(staged) + len(by_engine.nvme)
             down = [(k, e) for k, e in staged if mover.dram.is_staging(e.slot)] + through
-            plan = mover.writer.plan(down, False)
+            plan = mover.writer.plan(down, False, refused)
             mover.publish_usage()
             if not staged and not plan.nvme and not plan.shared and not by_engine.nvme:
                 return _done(count)
@@ -745,6 +762,7 @@ class KVTierService:
                 for slot in owner.nvme_leases:
                     self.nvme.unlease(slot)
             owner.nvme_leases.clear()
+            owner.nvme_refused.clear()
             self._forget_expected(owner, list(owner.expected))
             owner.leases.clear()
             owner.reserved.clear()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import mmap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -74,10 +74,16 @@ class Writer:
 
     # ---- plan (lock held) ----
 
-    def plan(self, blocks: Sequence[tuple[bytes, Entry]], demoting: bool) -> WritePlan:
+    def plan(
+        self, blocks: Sequence[tuple[bytes, Entry]], demoting: bool, refused: Set[bytes] = frozenset()
+    ) -> WritePlan:
+        """Which blocks go to NVMe (slots taken) and which to the shared tier. ``refused``: keys
+        NVMe's admission already refused at their reserve (``take_direct``): not asked twice,
+        which would count a second sighting."""
         plan = WritePlan(demoting)
         nvme = self.nvme
-        to_nvme = [(k, e) for k, e in blocks if nvme is not None and self._nvme_takes(k, e)]
+        wanted = [(k, e) for k, e in blocks if k not in refused]
+        to_nvme = [(k, e) for k, e in wanted if nvme is not None and self._nvme_takes(k, e)]
         plan.nvme = self._take_nvme_slots(to_nvme)
         self.in_flight.update(record.key for record, _ in plan.nvme)
         if self.shared is not None and self.shared.healthy:
