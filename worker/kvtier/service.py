@@ -578,7 +578,9 @@ class KVTierService:
             self._poke_demoter()
             given: dict[bytes, int | None] = dict(zip(to_dram, slots, strict=False))
             given |= {key: None for key in [*to_dram[len(slots) :], *to_staging]}
-            return [self._assign(owner, key, given) for key in keys], [taken.pop(k, None) for k in keys]
+            slots_given = [self._assign(owner, key, given) for key in keys]
+            owner.nvme_refused -= {key for key, slot in zip(keys, slots_given, strict=True) if slot is None}
+            return slots_given, [taken.pop(key, None) for key in keys]
 
     def _take_direct(self, owner: Owner, blocks: dict[bytes, Entry]) -> dict[bytes, int]:
         """NVMe slots for the engine to write ``blocks`` into, by key: those the tier admits
