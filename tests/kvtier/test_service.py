@@ -381,6 +381,28 @@ def test_unreachable_shared_tier_degrades_to_lower_tiers(root):
     service.close()
 
 
+def test_a_shared_tier_failing_a_read_is_a_miss_and_is_skipped_from_then_on(root, monkeypatch):
+    service = make(
+        root,
+        dram={"capacity_bytes": 2 * BLOCK},
+        nvme={"capacity_bytes": 0},
+        shared={"enabled": True},
+    )
+    try:
+        put(service, list(range(4)))  # the first two demoted to the shared tier
+        assert service.lookup([key(0)]) == ["shared"]
+
+        def failing(*args: object) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+        assert service.shared is not None
+        monkeypatch.setattr(service.shared.store, "read_checked", failing)
+        assert get(service, [0]) == []
+        assert not service.shared.healthy and service.lookup([key(0)]) == []
+    finally:
+        service.close()
+
+
 def test_put_into_a_slot_not_reserved_is_refused(root):
     service = make(root)
     with pytest.raises(ValueError, match="slot 0 is not reserved"):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator
 from strata.worker.kvtier.arena import SlotArena, checksum
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.nvme import NvmeStore, Record
-from strata.worker.kvtier.shared import BlockStore, CorruptBlock
+from strata.worker.kvtier.shared import BlockStore
 from strata.worker.kvtier.slottable import SlotTable
 
 log = logging.getLogger(__name__)
@@ -252,19 +252,6 @@ class SharedTier:
         """A block found corrupt (and deleted by the store): no longer this worker's."""
         if key in self.index:
             self.index.remove(key)
-
-    def read_into(self, key: bytes, out: memoryview) -> bool | None:
-        """True when read intact, False when absent or down, None when corrupt (deleted)."""
-        if not self.healthy:
-            return False
-        try:
-            return self.store.read_into(key, out)
-        except CorruptBlock:
-            self.forget(key)
-            return None
-        except OSError as err:
-            self.mark_down(err)
-            return False
 
 
 def verify(data: memoryview, expected: int) -> bool:
