@@ -11,14 +11,12 @@ Direct I/O needs page-aligned buffers of whole pages: the engine's KV cache is a
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-import xxhash
-
 from strata.worker.kv_connector import PAGE
-from strata.worker.kvtier.native import copyhash
+from strata.worker.kvtier.arena import checksum
+from strata.worker.kvtier.nvme import read_all, write_all
 
 # Threads hashing beside the direct I/O. At disk speed (5-7 GB/s) the hash (about 25 GB/s a
 # thread) needs a quarter of a core, and more threads take cores from the I/O threads' own
@@ -41,19 +39,12 @@ def write_blocks(
     waits for a hash. The checksums, in order. Returns, or raises the first OSError, only
     once every write has ended: none still runs into a slot the sidecar may give back."""
     sums = [hasher.submit(hash_at, address, size) for address, _ in writes]
-    pending = [io.submit(_write_one, fd, address, offset, size) for address, offset in writes]
+    pending = [io.submit(write_all, fd, _view(address, size), offset) for address, offset in writes]
     wait(pending)
     wait(sums)
     for future in pending:
         future.result()
     return [future.result() for future in sums]
-
-
-def _write_one(fd: int, address: int, offset: int, size: int) -> None:
-    view = _view(address, size)
-    done = 0
-    while done < size:
-        done += os.pwritev(fd, [view[done:]], offset + done)
 
 
 def read_blocks(
@@ -65,7 +56,7 @@ def read_blocks(
     ended first. Returns, or raises the first OSError, once every read has ended."""
 
     def read(address: int, offset: int) -> Future[int] | None:
-        return hasher.submit(hash_at, address, size) if _read_one(fd, address, offset, size) else None
+        return hasher.submit(hash_at, address, size) if read_all(fd, _view(address, size), offset) else None
 
     pending = [io.submit(read, address, offset) for address, offset in reads]
     wait(pending)
@@ -73,24 +64,9 @@ def read_blocks(
     return [future.result() if future is not None else None for future in hashing]
 
 
-def _read_one(fd: int, address: int, offset: int, size: int) -> bool:
-    view = _view(address, size)
-    done = 0
-    while done < size:
-        count = os.preadv(fd, [view[done:]], offset + done)
-        if count == 0:
-            return False
-        done += count
-    return True
-
-
 def hash_at(address: int, size: int) -> int:
-    """The block checksum (``arena.checksum``) of ``size`` bytes at ``address``: compiled
-    where it built (without the GIL), else xxhash over a view."""
-    routine = copyhash()
-    if routine is None:
-        return xxhash.xxh3_64_intdigest(_view(address, size))
-    return int(routine.hash(address, size))
+    """The block checksum (``arena.checksum``) of ``size`` bytes at ``address``."""
+    return checksum(_view(address, size))
 
 
 def _view(address: int, size: int) -> memoryview:

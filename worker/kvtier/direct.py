@@ -20,6 +20,7 @@ the checksum its put recorded, so bytes an engine wrote late or wrong are never 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from strata.worker.kv_connector import PAGE
@@ -42,19 +43,14 @@ def refusal(nvme: NvmeTier | None, shared: SharedTier | None, write_mode: str) -
     return None
 
 
-def written(held: dict[int, Record], slots: Sequence[int], checksums: Sequence[int]) -> list[Record]:
-    """The records of the blocks an engine wrote into the NVMe ``slots`` it held (``held``,
-    by slot: taken from it), with their ``checksums``. Checked whole first: a bad put takes
-    nothing."""
-    if len(slots) != len(checksums):
-        raise ValueError("nvme_slots, nvme_checksums: must have the same length")
+def written(held: dict[int, Record], blocks: Sequence[tuple[int, int]]) -> list[Record]:
+    """The records of the blocks an engine wrote into NVMe slots it held (``held``, by slot:
+    taken from it), each ``(slot, checksum)`` of ``blocks`` with its checksum. Checked whole
+    first: a bad put takes nothing."""
+    slots = [slot for slot, _ in blocks]
     if len(set(slots)) != len(slots):
         raise ValueError("nvme_slots: a slot appears twice")
     for slot in slots:
         if slot not in held:
             raise ValueError(f"nvme_slots: slot {slot} is not reserved by this connection")
-    return [_with_sum(held.pop(slot), crc) for slot, crc in zip(slots, checksums, strict=True)]
-
-
-def _with_sum(record: Record, crc: int) -> Record:
-    return Record(record.key, record.parent, record.slot, record.priority, crc)
+    return [dataclasses.replace(held.pop(slot), checksum=crc) for slot, crc in blocks]

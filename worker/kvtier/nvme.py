@@ -256,11 +256,7 @@ class NvmeStore:
     def _pwrite(self, record: Record, data: memoryview) -> Record:
         if record.checksum is None:
             record = dataclasses.replace(record, checksum=checksum(data[: self.block_bytes]))
-        fd = self._fd_for(data)
-        offset = record.slot * self.slot_bytes
-        written = 0
-        while written < len(data):
-            written += os.pwritev(fd, [data[written:]], offset + written)
+        write_all(self._fd_for(data), data, record.slot * self.slot_bytes)
         return record
 
     @property
@@ -298,15 +294,7 @@ class NvmeStore:
         return checksum(out[: self.block_bytes]) if self._read_into(slot, out) else None
 
     def _read_into(self, slot: int, out: memoryview) -> bool:
-        fd = self._fd_for(out)
-        offset = slot * self.slot_bytes
-        done = 0
-        while done < len(out):
-            n = os.preadv(fd, [out[done:]], offset + done)
-            if n == 0:
-                return False
-            done += n
-        return True
+        return read_all(self._fd_for(out), out, slot * self.slot_bytes)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -314,6 +302,24 @@ class NvmeStore:
         if self._direct_fd is not None:
             os.close(self._direct_fd)
         os.close(self._log_fd)
+
+
+def write_all(fd: int, data: memoryview, offset: int) -> None:
+    """All of ``data`` at ``offset`` of ``fd`` (a write may come back short)."""
+    written = 0
+    while written < len(data):
+        written += os.pwritev(fd, [data[written:]], offset + written)
+
+
+def read_all(fd: int, out: memoryview, offset: int) -> bool:
+    """Fill ``out`` from ``offset`` of ``fd``; False where the file ended first."""
+    done = 0
+    while done < len(out):
+        count = os.preadv(fd, [out[done:]], offset + done)
+        if count == 0:
+            return False
+        done += count
+    return True
 
 
 def _open_direct(path: Path) -> int | None:

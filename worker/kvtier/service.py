@@ -174,8 +174,8 @@ class KVTierService:
     def direct_io(self, owner: Owner) -> tuple[int, int]:
         """Let ``owner``'s engine write the blocks NVMe takes into their slots itself (see
         ``direct``): the NVMe data file's ``O_DIRECT`` descriptor (the caller passes it on, and
-        keeps it open) and the slot size. Refused, naming why, unless NVMe is the only lower
-        tier and takes direct I/O."""
+        keeps it open) and the slot size. Refused, naming why (``direct.refusal``): no NVMe
+        tier, no ``O_DIRECT``, blocks not whole pages, a shared tier written through."""
         with self._lock:
             self._require()
             why = direct.refusal(self.nvme, self.shared, self.config.write_mode)
@@ -653,7 +653,7 @@ class KVTierService:
             mover = self._require()
             if self._closed:
                 raise RuntimeError("sidecar stopping: put refused")
-            by_engine = engine_written(direct.written(owner.direct, *_columns(written)))
+            by_engine = engine_written(direct.written(owner.direct, written))
             try:
                 stored, staged = self._enter(owner, blocks)
             except ValueError:  # the engine's slots are no use now: free again
@@ -993,10 +993,6 @@ def staging_budget(asked: int, half: int) -> int:
     if asked <= 2 * half:
         return min(half, max(MIN_ANSWER, half // 4, -(-asked // 2)))
     return half
-
-
-def _columns(written: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    return [slot for slot, _ in written], [crc for _, crc in written]
 
 
 def _left(keys: Sequence[bytes], found: Sequence[object]) -> list[bytes] | None:
