@@ -87,13 +87,20 @@ def test_blocks_on_whole_pages_go_to_nvme_and_back_by_the_engine_itself(connect)
     assert stats is not None and stats["tiers"]["nvme"]["blocks"] == 12
 
 
+def off_page(count: int) -> torch.Tensor:
+    """``count`` blocks starting 128 bytes past a page, wherever the allocator put the buffer
+    (a plain ``torch.empty`` lands on a page boundary now and then)."""
+    raw = torch.empty((count * BLOCK_BYTES + 2 * PAGE) // 2, dtype=DTYPE)
+    skip = (-raw.data_ptr() % PAGE + 128) // 2
+    return raw[skip : skip + count * BLOCK_BYTES // 2].view(count, *SHAPE)
+
+
 def test_blocks_off_page_boundaries_are_staged_as_before(connect):
     count, client = 6, connect()
-    raw = torch.empty(count * BLOCK_BYTES // 2 + 64, dtype=DTYPE)  # a block starts 128 bytes in
-    data = raw[64:].view(count, *SHAPE)
+    data, out = off_page(count), off_page(count)
+    assert data.data_ptr() % PAGE == out.data_ptr() % PAGE == 128
     data.copy_(filled(count))
     assert client.save_checked(chain(2, count), list(data.unbind())) == count
-    out = torch.empty((count, *SHAPE), dtype=DTYPE)
     assert client.load([b.hash for b in chain(2, count)], list(out.unbind())) == count
     assert client.direct_saved == client.direct_loaded == 0
     assert same(out, data)
