@@ -11,6 +11,7 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -210,6 +211,40 @@ def test_a_put_that_fails_on_its_staging_blocks_gives_its_nvme_slots_back(servic
     with pytest.raises(ValueError, match="not reserved by this connection"):
         service.put(owner, [bad], [(nvme[0], 1)])
     assert free_nvme(service) == 7  # the put's slot is back; the other is still reserved
+
+
+def test_a_put_of_blocks_written_through_and_blocks_the_engine_wrote_syncs_once(root, monkeypatch):
+    """Write-through with a DRAM tier of two blocks behind a doorkeeper: in one reserve the
+    block seen before enters DRAM (and the sidecar writes it through to NVMe) and the new one
+    is the engine's to write; their put makes both durable in one ``fdatasync``."""
+    config = kvtier_config(
+        root,
+        write_mode="write-through",
+        dram={"capacity_bytes": 2 * BLOCK_BYTES, "admission": "doorkeeper"},
+        nvme={"capacity_bytes": 16 * BLOCK_BYTES},
+    )
+    service = KVTierService(config)
+    service.configure(BLOCK_BYTES)
+    try:
+        full, seen, new = chain(12, 2), chain(13, 1)[0].hash, chain(14, 1)[0].hash
+        owner = granted(service)
+        slots, _ = service.reserve_direct(owner, [b.hash for b in full], None, direct=True)
+        assert None not in slots  # DRAM has room for both
+        into = [PutBlock(b.hash, b.parent, cast(int, s)) for b, s in zip(full, slots, strict=True)]
+        service.put(owner, into)
+        slots, nvme = service.reserve_direct(owner, [seen], None, direct=True)  # a first sighting
+        assert slots == [None] and nvme[0] is not None  # DRAM (full) refused it: the engine's
+        service.drop_owner(owner)  # the put never came; the sighting stays
+        owner = granted(service)
+        slots, nvme = service.reserve_direct(owner, [seen, new], None, direct=True)
+        assert slots[0] is not None and nvme == [None, nvme[1]] and nvme[1] is not None
+        syncs: list[int] = []
+        monkeypatch.setattr(os, "fdatasync", lambda fd: syncs.append(fd))
+        count = service.put(owner, [PutBlock(seen, b"\0" * 16, slots[0])], [(nvme[1], 7)])
+        assert count == 2 and len(syncs) == 1
+        assert service.nvme is not None and seen in service.nvme.index and new in service.nvme.index
+    finally:
+        service.close()
 
 
 def test_bytes_that_are_not_what_the_put_said_are_never_served(root, connect):

@@ -57,7 +57,7 @@ from strata.worker.kvtier.sightings import (
     open_places,
 )
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
-from strata.worker.kvtier.writedown import WritePlan, engine_written
+from strata.worker.kvtier.writedown import WritePlan
 
 log = logging.getLogger(__name__)
 
@@ -653,11 +653,11 @@ class KVTierService:
             mover = self._require()
             if self._closed:
                 raise RuntimeError("sidecar stopping: put refused")
-            by_engine = engine_written(direct.written(owner.direct, written))
+            by_engine = direct.written(owner.direct, written)
             try:
                 stored, staged = self._enter(owner, blocks)
             except ValueError:  # the engine's slots are no use now: free again
-                mover.writer.abandon([record for record, _ in by_engine.nvme])
+                mover.writer.abandon(by_engine)
                 raise
             refused = owner.nvme_refused & {key for key, _ in staged}
             owner.nvme_refused -= refused
@@ -666,11 +666,12 @@ class KVTierService:
             self.metrics.written_bytes.labels("dram").inc(len(stored) * self.block_bytes)
             self.metrics.write_seconds.labels("dram").observe(time.perf_counter() - started)
             through = stored if self.config.write_mode == "write-through" else []
-            count = len(stored) + len(staged) + len(by_engine.nvme)
+            count = len(stored) + len(staged) + len(by_engine)
             down = [(k, e) for k, e in staged if mover.dram.is_staging(e.slot)] + through
             plan = mover.writer.plan(down, False, refused)
+            plan.engine = by_engine  # synced and logged with the sidecar's own writes
             mover.publish_usage()
-            if not staged and not plan.nvme and not plan.shared and not by_engine.nvme:
+            if not staged and not plan.nvme and not plan.shared and not plan.engine:
                 return _done(count)
             # Written from their DRAM slots outside the lock: a slot evicted meanwhile is not
             # handed out again until the write is committed (the lease defers its return).
@@ -680,7 +681,7 @@ class KVTierService:
             mover.writer.start(plan)
             self._writing += 1
             staging = [e.slot for _, e in staged]
-            return self._committer.submit(self._commit_put, mover, [plan, by_engine], staging, leased, count)
+            return self._committer.submit(self._commit_put, mover, plan, staging, leased, count)
 
     def _enter(self, owner: Owner, blocks: Sequence[PutBlock]) -> tuple[list[Block], list[Block]]:
         """The blocks of a put as (key, entry): those entering DRAM (added to its index here)
@@ -708,18 +709,17 @@ class KVTierService:
         return stored, staged
 
     def _commit_put(
-        self, mover: Mover, plans: list[WritePlan], slots: list[int], leased: list[int], count: int
+        self, mover: Mover, plan: WritePlan, slots: list[int], leased: list[int], count: int
     ) -> int:
-        """On the committer thread: wait for a put's queued writes, sync them (and the blocks
-        the engine wrote), then (under the lock) enter them into the lower tiers, free the
-        put's staging slots and end the leases on the DRAM slots written through."""
+        """On the committer thread: wait for a put's queued writes, sync them and the blocks
+        the engine wrote (one ``fdatasync``), then (under the lock) enter them into the lower
+        tiers, free the put's staging slots and end the leases on the DRAM slots written
+        through."""
         try:
-            for plan in plans:
-                mover.writer.finish(plan)
+            mover.writer.finish(plan)
         finally:
             with self._lock:
-                for plan in plans:
-                    mover.writer.commit(plan)
+                mover.writer.commit(plan)
                 for slot in slots:
                     mover.dram.give_back(slot)
                 for slot in leased:

@@ -7,8 +7,8 @@ sync, append the records): a staging put queues its batch under the lock and lea
 to the service's committer, so the next batch's writes queue behind it meanwhile.
 
 The bytes written are in DRAM or staging slots, which the caller keeps (leased or held) until
-``commit`` returns; or the engine wrote them itself (``take_direct``, ``engine_written``): then
-``finish`` only syncs and logs them.
+``commit`` returns; or the engine wrote them itself (``take_direct``; the plan's ``engine``):
+then ``finish`` only syncs and logs them, in the same sync as the sidecar's own writes.
 """
 
 from __future__ import annotations
@@ -40,13 +40,9 @@ class WritePlan:
     nvme_error: OSError | None = None
     shared_written: list[bool] = field(default_factory=list)
     nvme_seconds: float = 0.0
-    by_engine: bool = False  # the engine wrote the NVMe blocks: nothing to write, only to commit
-
-
-def engine_written(records: Sequence[Record]) -> WritePlan:
-    """The plan of blocks an engine wrote into the NVMe slots ``take_direct`` gave it (with
-    their checksums): ``finish`` syncs and logs them, ``commit`` indexes them."""
-    return WritePlan(False, nvme=[(record, _NOTHING) for record in records], by_engine=True)
+    # Blocks the engine wrote itself into NVMe slots ``take_direct`` gave it, with their
+    # checksums: nothing to write, only to sync, log and index with the sidecar's own.
+    engine: list[Record] = field(default_factory=list)
 
 
 class Writer:
@@ -107,7 +103,7 @@ class Writer:
     def take_direct(self, blocks: Sequence[tuple[bytes, Entry]]) -> list[Record | None]:
         """Under the lock: an NVMe slot (in a record without its checksum yet) for each block
         the tier admits, for the engine to write itself; None for the others. In flight until
-        their plan (``engine_written``) commits, or ``abandon``."""
+        their plan (its ``engine``) commits, or ``abandon``."""
         taken = [(k, e) for k, e in blocks if self.nvme is not None and self._nvme_takes(k, e)]
         records = {record.key: record for record in self._take_records(taken)}
         self.in_flight.update(records)
@@ -186,18 +182,17 @@ class Writer:
     def start(self, plan: WritePlan) -> None:
         """``write``'s first half: queue the plan's NVMe writes on the store's I/O threads and
         return at once (the lock may be held: nothing here waits for the device)."""
-        if plan.nvme and self.nvme is not None and not plan.by_engine:
+        if plan.nvme and self.nvme is not None:
             plan.started = time.perf_counter()
             plan.nvme_pending = self.nvme.store.submit(plan.nvme)
 
     def finish(self, plan: WritePlan) -> None:
-        """``write``'s second half: wait for the queued NVMe writes and make them durable;
-        write the shared tier's blocks."""
-        if plan.nvme_pending:
-            self._nvme_io(plan, lambda store: store.commit(store.written(plan.nvme_pending)))
-        elif plan.by_engine and plan.nvme:
-            plan.started = time.perf_counter()  # (the engine's writes are timed by the engine)
-            self._nvme_io(plan, lambda store: store.commit([record for record, _ in plan.nvme]))
+        """``write``'s second half: wait for the queued NVMe writes and make them durable, with
+        the blocks the engine wrote (one sync for both); write the shared tier's blocks."""
+        if plan.nvme_pending or plan.engine:
+            if not plan.nvme_pending:
+                plan.started = time.perf_counter()  # (the engine's writes are timed by the engine)
+            self._nvme_io(plan, lambda store: store.commit([*store.written(plan.nvme_pending), *plan.engine]))
         plan.shared_written = [self._write_shared(key, entry, data) for key, entry, data in plan.shared]
 
     def _nvme_io(self, plan: WritePlan, io: Callable[[NvmeStore], list[Record]]) -> None:
@@ -236,28 +231,26 @@ class Writer:
 
     def _commit_nvme(self, plan: WritePlan) -> None:
         nvme = self.nvme
-        if nvme is None or not plan.nvme:
+        records = [record for record, _ in plan.nvme] + plan.engine
+        if nvme is None or not records:
             return
-        self.in_flight.difference_update(record.key for record, _ in plan.nvme)
+        self.in_flight.difference_update(record.key for record in records)
         if plan.nvme_error is not None:
-            log.warning("nvme: write of %d blocks failed, not stored: %s", len(plan.nvme), plan.nvme_error)
+            log.warning("nvme: write of %d blocks failed, not stored: %s", len(records), plan.nvme_error)
             self.metrics.errors.labels("nvme").inc()
-            for record, _ in plan.nvme:
+            for record in records:
                 nvme.give_back(record.slot)
             return
         self.metrics.write_seconds.labels("nvme").observe(plan.nvme_seconds)
-        self.metrics.written_bytes.labels("nvme").inc(len(plan.nvme) * self.block_bytes)
+        self.metrics.written_bytes.labels("nvme").inc(len(records) * self.block_bytes)
         if plan.demoting:
-            self.metrics.demotions.labels("nvme").inc(len(plan.nvme))
+            self.metrics.demotions.labels("nvme").inc(len(records))
         now = time.time()
         for record in plan.nvme_written:
             entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
             nvme.index.add(record.key, entry)
         if nvme.store.needs_compaction(len(nvme.index)):
             nvme.store.compact(nvme.records(), len(nvme.index))
-
-
-_NOTHING = memoryview(b"")  # an engine-written block's bytes: not the sidecar's to touch
 
 
 def _parent_bytes(entry: Entry) -> bytes:
