@@ -244,7 +244,8 @@ class TierClient:
         once: n-1's being committed, n's put on its way, n+1's reserve, so the sidecar queues
         n's writes behind n-1's without waiting for its slots (its reply to a reserve follows
         the put before it, committed). A checked save reads every put's reply and sums what
-        was stored."""
+        was stored. A direct save (``_direct_ok``) holds no staging slots for the blocks it
+        writes itself: its batches are the whole ``max_batch``."""
         sock = self._connected()
         if not blocks:
             return 0
