@@ -107,6 +107,35 @@ def test_blocks_off_page_boundaries_are_staged_as_before(connect):
     assert same(out, data)
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+def test_after_a_sidecar_restart_the_client_takes_the_new_sidecars_file(root, start_sidecar, persistent):
+    """The restarted sidecar (its NVMe tier recovered, or started afresh) hands out its data
+    file again: the client writes through that descriptor, not the one of the sidecar that
+    went, so the sidecar itself reads back what the client wrote."""
+    config = nvme_only(root, nvme={"persistent": persistent})
+    first = start_sidecar(config)
+    client = TierClient(config.socket_path, SHAPE, DTYPE)
+    reader = TierClient(config.socket_path, SHAPE, DTYPE, direct_io=False)  # the sidecar reads
+    client.retry_s = 0.0
+    before, after, data = chain(15, 4), chain(16, 4), filled(4)
+    try:
+        assert client.save_checked(before, list(data.unbind())) == 4
+        first.stop()
+        assert client.lookup([b.hash for b in before]) == []  # down: a miss
+        start_sidecar(config)
+        assert client.save_checked(after, list(data.unbind())) == 4
+        assert client.direct_saved == 8
+        out = allocate_cache((4, *SHAPE), DTYPE, CPU)
+        assert reader.load([b.hash for b in after], list(out.unbind())) == 4 and same(out, data)
+        out.zero_()
+        assert client.load([b.hash for b in before], list(out.unbind())) == (4 if persistent else 0)
+        assert same(out, data) if persistent else client.direct_loaded == 0
+        assert client.corrupt_blocks == reader.corrupt_blocks == 0
+    finally:
+        client.close()
+        reader.close()
+
+
 def test_a_client_told_not_to_stages_its_blocks(connect):
     client = connect(direct_io=False)
     assert client.save_checked(chain(3, 4), list(filled(4).unbind())) == 4
