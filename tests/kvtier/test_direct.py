@@ -6,9 +6,11 @@ was not given, bytes that are not what the put said, an eviction while the engin
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
@@ -18,6 +20,7 @@ import torch
 
 from strata.worker.engine.model_runner import allocate_cache
 from strata.worker.kv_connector import PAGE, BlockRef
+from strata.worker.kvtier import client as client_module
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.client import TierClient
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
@@ -134,6 +137,32 @@ def test_after_a_sidecar_restart_the_client_takes_the_new_sidecars_file(root, st
     finally:
         client.close()
         reader.close()
+
+
+def test_a_checked_save_whose_own_write_fails_raises_and_its_slots_go_back(root, start_sidecar, monkeypatch):
+    """The OSError reaches the caller, and the connection goes with it: the NVMe slots its
+    reserve took are the sidecar's again (not held by a connection that will never put)."""
+    config = nvme_only(root)
+    service = start_sidecar(config).service
+    client = TierClient(config.socket_path, SHAPE, DTYPE)
+    blocks, data = chain(17, 4), list(filled(4).unbind())
+
+    def failing(*args: object) -> list[int]:
+        raise OSError(errno.EIO, "injected")
+
+    try:
+        monkeypatch.setattr(client_module, "write_blocks", failing)
+        with pytest.raises(OSError, match="injected"):
+            client.save_checked(blocks, data)
+        monkeypatch.undo()
+        writer = service._require().writer  # (configured by the client's hello)
+        deadline = time.monotonic() + 60  # the sidecar's thread sees the connection end
+        while writer.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not writer.in_flight, "the failed save's NVMe slots were never given back"
+        assert client.save_checked(blocks, data) == 4 and client.direct_saved == 4
+    finally:
+        client.close()
 
 
 def test_a_client_told_not_to_stages_its_blocks(connect):

@@ -233,9 +233,15 @@ class TierClient:
     def save_checked(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor]) -> int:
         """``save`` that raises :class:`SidecarUnavailable` (or OSError) instead of dropping, and
         returns how many blocks the sidecar committed (with write-through to a persistent NVMe
-        tier: durable). Blocks the tiers already hold are not sent again."""
+        tier: durable). Blocks the tiers already hold are not sent again. A failure ends the
+        connection (the next call connects afresh): the slots this save reserved go back with
+        it, and no reply it left unread is taken for a later call's."""
         with self._lock:
-            return self._save(blocks, data, checked=True)
+            try:
+                return self._save(blocks, data, checked=True)
+            except BaseException:
+                self._disconnect()
+                raise
 
     def _save(self, blocks: Sequence[BlockRef], data: Sequence[torch.Tensor], checked: bool) -> int:
         """Save in batches of a third of the sidecar's ``max_batch`` (``save_batches``): the
