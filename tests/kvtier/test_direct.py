@@ -10,7 +10,6 @@ import errno
 import hashlib
 import os
 import socket
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
@@ -24,6 +23,7 @@ from strata.worker.kvtier import client as client_module
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.client import TierClient
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
+from tests.foundation.waiting import eventually
 
 from .conftest import kvtier_config
 
@@ -156,10 +156,8 @@ def test_a_checked_save_whose_own_write_fails_raises_and_its_slots_go_back(root,
             client.save_checked(blocks, data)
         monkeypatch.undo()
         writer = service._require().writer  # (configured by the client's hello)
-        deadline = time.monotonic() + 60  # the sidecar's thread sees the connection end
-        while writer.in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not writer.in_flight, "the failed save's NVMe slots were never given back"
+        # The sidecar's thread sees the connection end, and gives the slots back.
+        eventually(lambda: not writer.in_flight, "the failed save's NVMe slots given back", timeout_s=60)
         assert client.save_checked(blocks, data) == 4 and client.direct_saved == 4
     finally:
         client.close()
