@@ -134,11 +134,23 @@ def cache_charts() -> list[Chart]:
         ),
         Chart(
             "Tier bandwidth",
-            "Bytes read from and written to each KV-cache tier by the sidecars.",
+            "Bytes read from and written to each KV-cache tier, and of NVMe's the part the engines "
+            "moved themselves (direct_io: no copy through the sidecar's slots; 0 where a ServiceTier's "
+            "tiers do not allow it, docs/kvtier.md).",
             "Bps",
             (
                 Query(per_service(rules.READ_BYTES), "{{namespace}}/{{service}} {{tier}} read"),
                 Query(per_service(rules.WRITTEN_BYTES), "{{namespace}}/{{service}} {{tier}} write"),
+                Query(
+                    "sum by (namespace, service, tier) "
+                    f"(rate(strata_kvtier_direct_read_bytes_total{SERVICE_FILTER}[5m]))",
+                    "{{namespace}}/{{service}} {{tier}} read by the engine",
+                ),
+                Query(
+                    "sum by (namespace, service, tier) "
+                    f"(rate(strata_kvtier_direct_written_bytes_total{SERVICE_FILTER}[5m]))",
+                    "{{namespace}}/{{service}} {{tier}} written by the engine",
+                ),
             ),
         ),
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -205,11 +206,18 @@ def test_beside_a_shared_tier_what_nvme_refuses_is_staged_for_it_and_asked_once(
         ({"nvme": {"capacity_bytes": 0}}, BLOCK_BYTES, "the NVMe tier is off"),
     ],
 )
-def test_direct_io_is_refused_naming_why(root, overrides, block_bytes, reason):
+def test_direct_io_is_refused_naming_why(root, overrides, block_bytes, reason, caplog):
     config = kvtier_config(root, dram={"capacity_bytes": 0}, **overrides)
     service = KVTierService(config)
     try:
-        assert service.configure(block_bytes)["direct_io"] is False
+        with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.service"):
+            assert service.configure(block_bytes)["direct_io"] is False
+        said = [r.getMessage() for r in caplog.records if "direct_io" in r.getMessage()]
+        if service.nvme is None:
+            assert said == []  # no NVMe tier, nothing staged: nothing to say
+        else:
+            (line,) = said
+            assert line.startswith("kvtier: engines stage NVMe blocks (direct_io): ") and reason in line
         with pytest.raises(ValueError, match=reason):
             service.direct_io(Owner())
         with pytest.raises(ValueError, match="not granted direct_io"):
@@ -235,6 +243,18 @@ def granted(service: KVTierService) -> Owner:
 def free_nvme(service: KVTierService) -> int:
     assert service.nvme is not None
     return len(service.nvme._free)
+
+
+def test_a_sidecar_that_offers_direct_io_says_so_once(root, caplog):
+    service = KVTierService(nvme_only(root))
+    try:
+        with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.service"):
+            service.configure(BLOCK_BYTES)
+            service.configure(BLOCK_BYTES)  # a second client: the tiers are built already
+        said = [r.getMessage() for r in caplog.records if "direct_io" in r.getMessage()]
+        assert said == ["kvtier: engines may read and write their NVMe blocks themselves (direct_io)"]
+    finally:
+        service.close()
 
 
 def test_slots_of_a_connection_that_ends_before_its_put_are_free_again(service):
@@ -328,6 +348,19 @@ def test_a_slot_the_engine_reads_is_not_rewritten_until_it_is_released(service):
     assert leased not in again and again.count(None) == 1
     service.release(reader, [], [leased])
     assert free_nvme(service) == 1 and service.nvme is not None and leased in service.nvme._free
+
+
+def test_the_bytes_an_engine_moves_itself_are_counted_apart_and_in_the_totals(service):
+    sample = service.metrics.registry.get_sample_value
+    assert sample("strata_kvtier_direct_written_bytes_total", {"tier": "nvme"}) == 0
+    owner, blocks = granted(service), chain(15, 3)
+    _, nvme = service.reserve_direct(owner, [b.hash for b in blocks], None, direct=True)
+    service.put(owner, [], [(slot, 0) for slot in nvme if slot is not None])
+    found = service.get_direct(owner, [b.hash for b in blocks[:2]])
+    assert found is not None and len(found) == 2
+    for name, count in (("written", 3), ("read", 2)):
+        direct = sample(f"strata_kvtier_direct_{name}_bytes_total", {"tier": "nvme"})
+        assert direct == sample(f"strata_kvtier_{name}_bytes_total", {"tier": "nvme"}) == count * BLOCK_BYTES
 
 
 def test_descriptors_travel_beside_a_frame_not_in_it(tmp_path):

@@ -63,6 +63,7 @@ class TierMetrics:
             "recovered_blocks", "Blocks found again at start (warm restart) and verified."
         )
         self._movement(counter, gauge)
+        self._direct(counter)
         self._lookahead(r)
 
         def latency(name: str, doc: str) -> Histogram:
@@ -108,6 +109,23 @@ class TierMetrics:
             "Files the shared volume's janitor removed: least recently used blocks above the "
             "volume's size, and temporary files their writers left.",
         )
+
+    def _direct(self, counter: Callable[[str, str], Counter]) -> None:
+        """The share of NVMe's traffic an engine moved itself (``direct_io``): it is also in
+        ``read_bytes`` and ``written_bytes``, and 0 where no engine asks for it or the sidecar
+        does not offer it (its log says why)."""
+        self.direct_read_bytes = counter(
+            "direct_read_bytes",
+            "Block bytes an engine read from the tier's slots itself (direct_io), as the sidecar leased "
+            "them; also in read_bytes.",
+        )
+        self.direct_written_bytes = counter(
+            "direct_written_bytes",
+            "Block bytes an engine wrote into the tier's slots itself (direct_io), once the sidecar "
+            "committed them; also in written_bytes.",
+        )
+        for family in (self.direct_read_bytes, self.direct_written_bytes):
+            family.labels("nvme")  # the only tier an engine writes itself; at 0 from the start
 
     def _lookahead(self, r: CollectorRegistry) -> None:
         """The look-ahead's series, by ``source``; both sources' exist from the start, at 0."""

@@ -156,6 +156,7 @@ class KVTierService:
         with self._lock:
             if self.dram is None:
                 self._build(block_bytes)
+                self._say_direct_io()
             elif block_bytes != self.block_bytes:
                 raise ValueError(
                     f"block_bytes: sidecar holds {self.block_bytes}-byte blocks, got {block_bytes}"
@@ -170,6 +171,21 @@ class KVTierService:
                 "max_batch": self.staging_slots,
                 "direct_io": direct.refusal(self.nvme, self.shared, self.config.write_mode) is None,
             }
+
+    def _say_direct_io(self) -> None:
+        """Once, as the tiers are built: whether engines may read and write NVMe blocks
+        themselves, and if not why (an admin wondering why ``direct_written_bytes`` stays at 0
+        finds it here). Nothing where there is no NVMe tier: nothing to stage either."""
+        why = direct.refusal(self.nvme, self.shared, self.config.write_mode)
+        if self.nvme is None:
+            return
+        offer = "may read and write their NVMe blocks themselves" if why is None else "stage NVMe blocks"
+        log.info(
+            "kvtier: engines %s (direct_io)%s",
+            offer,
+            f": {why}" if why else "",
+            extra={"event": "direct_io_offer", "offered": why is None, "reason": why},
+        )
 
     def direct_io(self, owner: Owner) -> tuple[int, int]:
         """Let ``owner``'s engine write the blocks NVMe takes into their slots itself (see
@@ -409,6 +425,7 @@ class KVTierService:
                 owner.nvme_leases.append(entry.slot)
                 found.append((entry.slot, entry.checksum))
             self.metrics.read_bytes.labels("nvme").inc(len(found) * self.block_bytes)
+            self.metrics.direct_read_bytes.labels("nvme").inc(len(found) * self.block_bytes)
             return found
 
     def read_ahead(self, owner: Owner) -> None:

@@ -243,6 +243,7 @@ class Writer:
             return
         self.metrics.write_seconds.labels("nvme").observe(plan.nvme_seconds)
         self.metrics.written_bytes.labels("nvme").inc(len(records) * self.block_bytes)
+        self.metrics.direct_written_bytes.labels("nvme").inc(len(plan.engine) * self.block_bytes)
         if plan.demoting:
             self.metrics.demotions.labels("nvme").inc(len(records))
         now = time.time()
