@@ -176,9 +176,9 @@ class KVTierService:
         """Once, as the tiers are built: whether engines may read and write NVMe blocks
         themselves, and if not why (an admin wondering why ``direct_written_bytes`` stays at 0
         finds it here). Nothing where there is no NVMe tier: nothing to stage either."""
-        why = direct.refusal(self.nvme, self.shared, self.config.write_mode)
         if self.nvme is None:
             return
+        why = direct.refusal(self.nvme, self.shared, self.config.write_mode)
         offer = "may read and write their NVMe blocks themselves" if why is None else "stage NVMe blocks"
         log.info(
             "kvtier: engines %s (direct_io)%s",
