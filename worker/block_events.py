@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PATH = "/kv/events"
+# A vLLM engine's HBM blocks, relayed by its KV-tier sidecar (``strata.worker.vllm.relay``).
+ENGINE_PATH = "/kv/engine-events"
 HEARTBEAT_S = 1.0
 MAX_BACKLOG = 1 << 18
 LINE_BLOCKS = 1024  # most hashes per line (~36 KB), so a follower's line buffer stays small

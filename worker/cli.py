@@ -19,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", default="INFO")
     make = sub.add_parser("make-model", help="write a seeded, deterministic test model directory")
-    make.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    make.add_argument("--preset", default="tiny", help="tiny, small, hf-tiny or hf-medium")
     make.add_argument("--out", required=True)
     make.add_argument("--seed", type=int, default=0)
     fetch = sub.add_parser(
@@ -52,7 +52,11 @@ def main(argv: list[str]) -> int:
     if args.command == "make-model":
         from strata.worker.models.presets import write_model
 
-        print(write_model(args.out, args.preset, args.seed))
+        try:
+            print(write_model(args.out, args.preset, args.seed))
+        except ValueError as err:
+            print(f"strata worker make-model: {err}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "fetch-model":
         return _fetch(args)

@@ -60,6 +60,11 @@ class ModelConfig(_Strict):
 
 
 class EngineConfig(_Strict):
+    kind: Literal["torch", "vllm"] = Field(
+        "torch",
+        description="`torch`: this worker; `vllm`: a vLLM engine beside the sidecar, loading Strata's "
+        "connector (which reads this file) and publishing its KV events for the sidecar to relay.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` picks CUDA when present.")
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
     num_gpu_blocks: int | None = Field(
@@ -189,6 +194,13 @@ class KVTierConfig(_Strict):
     )
 
 
+def engine_event_endpoints(kvtier: KVTierConfig) -> tuple[str, str]:
+    """Where a vLLM engine publishes its KV events and answers replay requests: ZMQ ``ipc://``
+    sockets beside the sidecar's own, in the pod's socket directory (vLLM binds them)."""
+    run = Path(kvtier.socket_path).parent
+    return f"ipc://{run / 'vllm-kv-events.sock'}", f"ipc://{run / 'vllm-kv-replay.sock'}"
+
+
 class WorkerConfig(_Strict):
     model: ModelConfig
     engine: EngineConfig = EngineConfig()
@@ -200,6 +212,14 @@ class WorkerConfig(_Strict):
         description="Tenant salt mixed into every block hash, so no tier serves one tenant's KV to another.",
     )
     service_tier: str = Field("standard", description="ServiceTier name, for metrics labels.")
+
+    @model_validator(mode="after")
+    def _vllm_device_known(self) -> WorkerConfig:
+        if self.engine.kind == "vllm" and self.engine.device == "auto":
+            raise ValueError(
+                "engine.device: a vllm engine needs cpu or cuda (its block keys are salted with it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ports_differ(self) -> WorkerConfig:

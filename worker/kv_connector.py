@@ -32,10 +32,13 @@ Tier = Literal["hbm", "dram", "nvme", "shared"]
 LOWER_TIERS: tuple[Tier, ...] = ("dram", "nvme", "shared")
 
 
-def root_hash(cache_namespace: str, model: str, block_size: int) -> bytes:
-    """The parent of a sequence's first block: salts every chain with tenant and model."""
-    text = f"strata-kv-v1\0{cache_namespace}\0{model}\0{block_size}".encode()
-    return hashlib.blake2b(text, digest_size=HASH_BYTES).digest()
+def root_hash(cache_namespace: str, model: str, block_size: int, engine: str = "") -> bytes:
+    """The parent of a sequence's first block: salts every chain with tenant and model, and with
+    ``engine`` where it is not the built-in one (whose blocks another engine must never load)."""
+    text = f"strata-kv-v1\0{cache_namespace}\0{model}\0{block_size}"
+    if engine:
+        text += f"\0{engine}"
+    return hashlib.blake2b(text.encode(), digest_size=HASH_BYTES).digest()
 
 
 def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:

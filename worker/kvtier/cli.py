@@ -7,6 +7,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from strata.worker import logs
-from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
+from strata.worker.block_events import BlockEvents
+from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig, engine_event_endpoints
 from strata.worker.kvtier import allocator
 
 if TYPE_CHECKING:
@@ -62,17 +64,21 @@ def main(argv: list[str]) -> int:
     if args.block_bytes is not None and args.block_bytes <= 0:
         print(f"strata kvtier: --block-bytes must be > 0, got {args.block_bytes}", file=sys.stderr)
         return 2
+    engine_events = BlockEvents() if config.engine.kind == "vllm" else None
     try:
         sidecar = Sidecar(
             config.kvtier,
             block_bytes=args.block_bytes,
             metrics_port=args.metrics_port,
             metrics_host=args.host,
+            engine_events=engine_events,
         )
         sidecar.start()
     except (OSError, ValueError) as err:  # an unwritable path, a port in use: say so, no traceback
         print(f"strata kvtier: cannot start: {err}", file=sys.stderr)
         return 1
+    if engine_events is not None:
+        relay_engine_events(config, engine_events, sidecar.stopping)
     received: list[signal.Signals] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -89,6 +95,25 @@ def main(argv: list[str]) -> int:
         lambda: len(received) > 1,
     )
     return 0
+
+
+def relay_engine_events(config: WorkerConfig, events: BlockEvents, stop: threading.Event) -> None:
+    """Follow the vLLM engine's KV events (``strata.worker.vllm.relay``) into ``events``."""
+    from strata.worker.vllm.events import EngineBlocks
+    from strata.worker.vllm.keys import vllm_root
+    from strata.worker.vllm.relay import Endpoints, start_relay
+
+    engine, model, namespace = config.engine, config.model.name, config.cache_namespace
+
+    def root_of(salt: str | None, lora: str | None) -> bytes:
+        return vllm_root(namespace, model, engine.block_size, engine.device, salt=salt, lora=lora)
+
+    start_relay(
+        Endpoints(*engine_event_endpoints(config.kvtier)),
+        EngineBlocks(root_of, engine.block_size),
+        events,
+        stop,
+    )
 
 
 def build_native() -> int:

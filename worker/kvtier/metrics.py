@@ -186,10 +186,12 @@ def serve_http(
     host: str = "0.0.0.0",
     events: BlockEvents | None = None,
     announce: Callable[[Any], dict[str, Any]] | None = None,
+    engine_events: BlockEvents | None = None,
 ) -> ThreadingHTTPServer:
-    """Serve /metrics, /health and (with ``events``) the tiers' block events on /kv/events, and
-    (with ``announce``) the routers' queued requests on ``POST /kv/expect``, on daemon threads;
-    returns the server (``shutdown()`` it)."""
+    """Serve /metrics, /health and (with ``events``) the tiers' block events on /kv/events, (with
+    ``engine_events``) a vLLM engine's on /kv/engine-events, and (with ``announce``) the routers'
+    queued requests on ``POST /kv/expect``, on daemon threads; returns the server (``shutdown()``
+    it)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -202,6 +204,8 @@ def serve_http(
         def do_GET(self) -> None:
             if self.path == block_events.PATH and events is not None:
                 self._stream(events)
+            elif self.path == block_events.ENGINE_PATH and engine_events is not None:
+                self._stream(engine_events)
             elif self.path == "/metrics":
                 self._reply(200, metrics.render(), CONTENT_TYPE_LATEST)
             elif self.path == "/health":

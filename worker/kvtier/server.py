@@ -16,6 +16,7 @@ from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
+from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, Announcers
@@ -347,8 +348,10 @@ class Sidecar:
         block_bytes: int | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
+        engine_events: BlockEvents | None = None,
     ):
         self.config = config
+        self.engine_events = engine_events  # a vLLM engine's HBM blocks, relayed
         self.metrics = TierMetrics()
         self.service = KVTierService(config, self.metrics)
         self.announcers = Announcers(self.service)
@@ -378,6 +381,7 @@ class Sidecar:
                 self._metrics_host,
                 events=self.service.events,
                 announce=self.announcers.handle,
+                engine_events=self.engine_events,
             )
         threading.Thread(target=self._sweep_loop, name="kvtier-sweep", daemon=True).start()
         threading.Thread(target=self._expire_loop, name="kvtier-announced", daemon=True).start()
@@ -401,6 +405,11 @@ class Sidecar:
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once the sidecar is asked to stop: what its helper threads wait on."""
+        return self._stop
 
     @property
     def connections(self) -> int:

@@ -2,7 +2,10 @@
 
 ``tiny`` keeps unit tests fast; ``small`` makes prefill of a few thousand tokens cost real CPU
 time (so cache hits are measurable) and allows 32k-token contexts (the KV-tier benchmark uses
-16k prompts). The same preset and seed always write byte-identical files.
+16k prompts). The ``hf-`` presets also write the byte tokenizer as Hugging Face files
+(``byte_bpe``), so vLLM serves them too: ``hf-tiny`` for tests, ``hf-medium`` (56M parameters)
+where prefill must dominate a request on the CPU. The same preset and seed always write
+byte-identical files.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from strata.worker.models.byte_bpe import write_tokenizer
 from strata.worker.models.llama import LlamaConfig, LlamaForCausalLM
 from strata.worker.tokenizer import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
 
@@ -40,7 +44,32 @@ PRESETS: dict[str, LlamaConfig] = {
         bos_token_id=BYTE_BOS_ID,
         eos_token_id=BYTE_EOS_ID,
     ),
+    # head_dim 64: vLLM's CPU attention takes no smaller one
+    "hf-tiny": LlamaConfig(
+        vocab_size=BYTE_VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        bos_token_id=BYTE_BOS_ID,
+        eos_token_id=BYTE_EOS_ID,
+    ),
+    "hf-medium": LlamaConfig(
+        vocab_size=BYTE_VOCAB_SIZE,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=16384,
+        rope_theta=500000.0,
+        bos_token_id=BYTE_BOS_ID,
+        eos_token_id=BYTE_EOS_ID,
+    ),
 }
+HF_TOKENIZER = frozenset(name for name in PRESETS if name.startswith("hf-"))
 
 
 def seeded_state(config: LlamaConfig, seed: int) -> dict[str, torch.Tensor]:
@@ -68,4 +97,6 @@ def write_model(out: str | Path, preset: str, seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     save_file(seeded_state(config, seed), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    if preset in HF_TOKENIZER:
+        write_tokenizer(out_dir, BYTE_BOS_ID, BYTE_EOS_ID)
     return out_dir
