@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     p.add_argument("--metrics-port", help="Prometheus port (env STRATA_METRICS_PORT, default 9090)")
     p.add_argument("--worker-image", help="default worker image (env STRATA_WORKER_IMAGE)")
+    p.add_argument("--vllm-image", help="default engine image of engine.kind vllm (env STRATA_VLLM_IMAGE)")
     p.add_argument("--nvme-volume", choices=["ephemeral", "hostPath"], help="local NVMe volume source")
     p.add_argument("--nvme-host-path", help="host directory for --nvme-volume hostPath")
     p.add_argument("--tolerations", help="JSON list of extra tolerations for worker pods")
@@ -55,6 +56,7 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
         {
             "metrics_port": args.metrics_port,
             "worker_image": args.worker_image,
+            "vllm_image": args.vllm_image,
             "nvme_volume": args.nvme_volume,
             "nvme_host_path": args.nvme_host_path,
             "tolerations": args.tolerations,

@@ -87,12 +87,20 @@ class ServicePlan:
     worker: WorkerConfig
     router: RouterConfig
     pod: PodPlan = PodPlan()
+    # `spec.engine.vllm.args`: passed through after the flags the operator renders.
+    engine_args: tuple[str, ...] = ()
     # The routers' memory to follow every replica's cached blocks; None: the chart's as it is.
     router_memory_bytes: int | None = None
 
     @property
+    def vllm(self) -> bool:
+        return self.worker.engine.kind == "vllm"
+
+    @property
     def kv_sidecar(self) -> bool:
-        return self.worker.kvtier.enabled
+        """The KV-tier sidecar runs where there are lower tiers, and beside every vLLM engine
+        (it relays the engine's KV events to the routers, tiers or not)."""
+        return self.worker.kvtier.enabled or self.vllm
 
     @property
     def workload_kind(self) -> Literal["Deployment", "StatefulSet"]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -150,6 +150,7 @@ def _plan(isvc: InferenceService, tier: ServiceTier, meta: Mapping[str, Any], sa
         worker=worker,
         router=router,
         pod=pod_plan(spec.pod),
+        engine_args=tuple(spec.engine.vllm.args) if spec.engine.vllm is not None else (),
         router_memory_bytes=router_memory_bytes(worker, router, kv_block_bytes(isvc), spec.max_replicas),
     )
 
@@ -184,6 +185,11 @@ def _model_source(isvc: InferenceService) -> ModelSource:
     return ModelSource("builtin", uri=f"builtin://{source.builtin}")
 
 
+def engine_device(isvc: InferenceService) -> Literal["cpu", "cuda"]:
+    """0 GPUs runs the engine on the CPU (tests, demos); a vLLM engine's block keys say which."""
+    return "cuda" if isvc.spec.resources.gpus > 0 else "cpu"
+
+
 def model_path(isvc: InferenceService) -> str:
     # A PVC's sub-path is mounted at MODEL_DIR itself; fetched models get a directory of their own.
     return MODEL_DIR if isvc.spec.model.source.pvc is not None else f"{MODEL_DIR}/model"
@@ -207,7 +213,8 @@ def _worker_config(
 ) -> WorkerConfig:
     spec, policy = isvc.spec, tier.spec.cache
     engine = EngineConfig(
-        device="cuda" if spec.resources.gpus > 0 else "cpu",
+        kind=spec.engine.kind,
+        device=engine_device(isvc),
         block_size=spec.engine.block_size,
         kv_memory_fraction=policy.hbm.kv_fraction,
         kv_cache_bytes=parse_size(spec.cache.hbm) if spec.cache.hbm is not None else None,
@@ -284,14 +291,16 @@ def router_memory_bytes(
 def _router_config(isvc: InferenceService, tier: ServiceTier, worker: WorkerConfig) -> RouterConfig:
     """What the router must know to validate, hash and route exactly as these workers do."""
     spec, tier_spec = isvc.spec, tier.spec
-    builtin = spec.model.source.builtin is not None
+    # builtin test models need no files for Strata's worker (the byte tokenizer); vLLM reads the
+    # tokenizer files every model has, and so must the router, to tokenize as it does
+    vllm = spec.engine.kind == "vllm"
+    bytes_only = spec.model.source.builtin is not None and not vllm
     return RouterConfig(
         model=RouterModel(
             name=spec.model.name,
-            # builtin test models need no files (the byte tokenizer); others' tokenizers are read
-            path=None if builtin else worker.model.path,
+            path=None if bytes_only else worker.model.path,
             max_context_tokens=spec.model.max_context_tokens,
-            vocab_size=BYTE_VOCAB_SIZE if builtin else None,
+            vocab_size=BYTE_VOCAB_SIZE if bytes_only else None,
         ),
         block_size=worker.engine.block_size,
         cache_namespace=worker.cache_namespace,
@@ -300,7 +309,9 @@ def _router_config(isvc: InferenceService, tier: ServiceTier, worker: WorkerConf
             label_selector=names.label_selector(names.selector_labels(isvc.metadata["name"])),
             port=worker.server.port,
             step_tokens=worker.engine.max_batched_tokens,
-            kv_events_port=worker.kvtier.metrics_port if worker.kvtier.enabled else None,
+            kv_events_port=worker.kvtier.metrics_port if worker.kvtier.enabled or vllm else None,
+            engine=spec.engine.kind,
+            device=engine_device(isvc),
         ),
         # a request may lower its priority within the tier (to 0), never raise it above the tier's
         priority=PriorityConfig(

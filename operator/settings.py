@@ -47,6 +47,9 @@ ROUTER_RESOURCES = Resources(requests=(("cpu", "250m"), ("memory", "256Mi")), li
 @dataclass(frozen=True)
 class OperatorSettings:
     worker_image: str = "ghcr.io/strata-dev/strata-worker:0.1.0"
+    # The engine image of `engine.kind: vllm`: vLLM's OpenAI server with Strata installed beside
+    # it for the KV connector (Dockerfile.vllm: vllm/vllm-openai plus `pip install strata`).
+    vllm_image: str = "ghcr.io/strata-dev/strata-vllm:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     # "ephemeral": a generic ephemeral volume (or claim template) with the tier's storage class;
     # "hostPath": a directory on the node, for clusters without a local-volume provisioner.
@@ -84,6 +87,7 @@ class OperatorSettings:
 
 _ENV = {
     "worker_image": "STRATA_WORKER_IMAGE",
+    "vllm_image": "STRATA_VLLM_IMAGE",
     "image_pull_policy": "STRATA_IMAGE_PULL_POLICY",
     "nvme_volume": "STRATA_NVME_VOLUME",
     "nvme_host_path": "STRATA_NVME_HOST_PATH",

@@ -3,6 +3,7 @@
 Everything the operator needs from the API is re-exported here.
 """
 
+from strata.operator.api.engine import EngineSpec
 from strata.operator.api.models import (
     ACCEPTED,
     API_VERSION,
@@ -18,7 +19,6 @@ from strata.operator.api.models import (
     AutoscalingSpec,
     CacheRequest,
     Condition,
-    EngineSpec,
     InferenceService,
     InferenceServiceSpec,
     InferenceServiceStatus,

@@ -28,6 +28,7 @@ from pydantic.alias_generators import to_camel
 
 from strata.operator.api.base import DNS_1035_LABEL, DNS_LABEL, DNS_SUBDOMAIN, ApiModel, exactly_one
 from strata.operator.api.cel import immutable, one_of, rule, rules, size_le
+from strata.operator.api.engine import VLLM_CPU_BLOCK_MULTIPLE, EngineSpec
 from strata.operator.api.pod import PodOverrides
 from strata.operator.api.quantity import (
     QUANTITY_PATTERN,
@@ -46,7 +47,6 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 # Llama-3.1-405B takes 0.5 MiB a token in bfloat16, a 175B model without grouped-query attention
 # 4.5 MiB in float16: past 16 MiB the figure is surely per block, or in bits.
 MAX_KV_BYTES_PER_TOKEN = 16 * 2**20
-EngineKind = Literal["torch"]
 AutoscalingMode = Literal["builtin", "external", "off"]
 EvictionPolicy = Literal["lru", "prefix-aware"]
 AdmissionPolicy = Literal["always", "doorkeeper", "adaptive"]
@@ -210,20 +210,6 @@ class ModelSpec(ApiModel):
     )
 
 
-class EngineSpec(ApiModel):
-    kind: EngineKind = Field(
-        "torch", description="Inference engine; `torch` is Strata's built-in worker (others may follow)."
-    )
-    image: str | None = Field(
-        None, max_length=512, description="Worker container image; unset uses the operator's default image."
-    )
-    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block (tokens).")
-    max_num_seqs: int = Field(64, ge=1, le=4096, description="Most sequences in one batch (sequences).")
-    max_batched_tokens: int = Field(
-        2048, ge=16, le=1048576, description="Token budget per scheduler step, for chunked prefill (tokens)."
-    )
-
-
 class ResourcesSpec(ApiModel):
     gpus: int = Field(
         1, ge=0, le=16, description="GPUs per replica (`nvidia.com/gpu`); 0 runs the worker on CPU (tests)."
@@ -304,7 +290,14 @@ _REPLICA_RULES = rules(
         "self.minReplicas <= self.maxReplicas",
         "spec.minReplicas must not exceed spec.maxReplicas",
         field_path=".minReplicas",
-    )
+    ),
+    rule(
+        "!has(self.engine) || self.engine.kind != 'vllm' || !has(self.resources) || self.resources.gpus > 0"
+        f" || self.engine.blockSize % {VLLM_CPU_BLOCK_MULTIPLE} == 0",
+        f"spec.engine.blockSize must be a multiple of {VLLM_CPU_BLOCK_MULTIPLE} for vLLM on the CPU "
+        "(spec.resources.gpus 0): its CPU attention takes no other",
+        field_path=".engine.blockSize",
+    ),
 )
 
 
@@ -356,6 +349,16 @@ class InferenceServiceSpec(ApiModel):
             raise ValueError(
                 f"spec.minReplicas ({self.min_replicas}) must not exceed "
                 f"spec.maxReplicas ({self.max_replicas})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_cpu_block_size(self) -> InferenceServiceSpec:
+        engine = self.engine
+        if engine.kind == "vllm" and self.resources.gpus == 0 and engine.block_size % VLLM_CPU_BLOCK_MULTIPLE:
+            raise ValueError(
+                f"spec.engine.blockSize {engine.block_size} must be a multiple of {VLLM_CPU_BLOCK_MULTIPLE} "
+                "for vLLM on the CPU (spec.resources.gpus 0): its CPU attention takes no other"
             )
         return self
 

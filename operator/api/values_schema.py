@@ -132,6 +132,9 @@ def worker_schema() -> JsonDict:
     return obj(
         "Operator settings for the worker pods it renders.",
         image=string("Default worker image.", minLength=1),
+        vllmImage=string(
+            "Default engine image of engine.kind vllm (vLLM with Strata installed).", minLength=1
+        ),
         imagePullPolicy=string("Worker image pull policy.", enum=PULL_POLICIES),
         imagePullSecrets=pull_secrets("Secrets for the worker image, present in every tenant namespace."),
         nvmeVolume=string("How the cluster provides local NVMe.", enum=["ephemeral", "hostPath"]),

@@ -1,15 +1,20 @@
 """One worker pod's /metrics, parsed into the few numbers the autoscaler reads.
 
 The worker exposes Prometheus text (worker/server/metrics.py); only counters, the TTFT
-histogram and two gauges matter here, so the rest of the exposition is ignored."""
+histogram and two gauges matter here, so the rest of the exposition is ignored. A vLLM engine's
+exposition has none of Strata's names: its own (``vllm:``) give the same figures (``VLLM``),
+prefix hits per tier from ``prompt_tokens_cached_by_source`` (HBM is vLLM's ``device``; the
+tiers are what Strata's connector reports each source as); it has no engine step accounting."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from strata.operator.api.models import MAX_KV_BYTES_PER_TOKEN
 
@@ -31,6 +36,19 @@ ENGINE_COUNTERS = {
     P + "hbm_evictions_total": "hbm_evictions",
     P + "prefill_busy_seconds_total": "prefill_busy_s",  # the autoscaler's prefill utilization
 }
+
+
+V = "vllm:"
+# vLLM's source of cached prompt tokens -> Strata's tier (connector.HIT_SOURCES, reversed)
+VLLM_SOURCES = {"device": "hbm", "host": "dram", "disk": "nvme", "external_unspecified": "shared"}
+VLLM = {
+    V + "kv_cache_usage_perc": KV_USAGE,
+    V + "num_requests_waiting": QUEUE,
+    V + "time_to_first_token_seconds_bucket": TTFT_BUCKET,
+    V + "time_to_first_token_seconds_count": TTFT_COUNT,
+    V + "prompt_tokens_total": PROMPT_TOKENS,
+}
+VLLM_CACHED = V + "prompt_tokens_cached_by_source_total"
 
 
 class MetricsError(ValueError):
@@ -58,6 +76,8 @@ def parse_exposition(text: str) -> PodSample:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsError(f"not Prometheus text exposition: {exc}") from None
+    if not any(f.name.startswith(P) for f in families):
+        families = list(_as_strata(families))
     kv: float | None = None
     waiting: float | None = None
     buckets: dict[float, float] = {}
@@ -107,6 +127,23 @@ def parse_exposition(text: str) -> PodSample:
         engine=engine,
         kv_bytes_per_token=per_token,
     )
+
+
+def _as_strata(families: list[Metric]) -> Iterator[Metric]:
+    """A vLLM engine's families under the names Strata's worker gives the same figures."""
+    for family in families:
+        samples = [_renamed(s) for s in family.samples if s.name in VLLM or s.name == VLLM_CACHED]
+        if samples:
+            renamed = Metric(family.name, family.documentation, family.type)
+            renamed.samples = [s for s in samples if s is not None]
+            yield renamed
+
+
+def _renamed(sample: Sample) -> Sample | None:
+    if sample.name != VLLM_CACHED:
+        return sample._replace(name=VLLM[sample.name])
+    tier = VLLM_SOURCES.get(sample.labels.get("source", ""))
+    return None if tier is None else sample._replace(name=PREFIX_HITS, labels={"tier": tier})
 
 
 def parse_tier_blocks(text: str) -> dict[str, float]:

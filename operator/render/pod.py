@@ -9,6 +9,7 @@ from strata.operator.api.quantity import parse_quantity, quantity_fraction
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest, bytes_quantity
 from strata.operator.render.configmap import config_hash
+from strata.operator.render.vllm import vllm_args, vllm_command, vllm_env
 from strata.operator.render.volumes import engine_mounts, render_volumes, sidecar_mounts
 from strata.operator.settings import OperatorSettings
 from strata.worker.config import DRAIN_CUTOFF_S
@@ -84,9 +85,10 @@ def grace_period_s(plan: ServicePlan) -> int:
 
 
 def engine_container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
-    return {
+    """Strata's worker, or vLLM's server (whose readiness is its /health: it has no /ready)."""
+    container: Manifest = {
         "name": "engine",
-        "image": image(plan, settings),
+        "image": engine_image(plan, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["strata", "worker", "serve", "--config", names.CONFIG_PATH],
         "args": LISTEN_ON_POD_IP,
@@ -99,10 +101,21 @@ def engine_container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
         "volumeMounts": engine_mounts(plan),
         "securityContext": container_security_context(),
     }
+    if plan.vllm:
+        container["command"], container["args"] = vllm_command(plan), vllm_args(plan)
+        container["env"] = [*pod_env(), *vllm_env(), *plan.pod.env]
+        container["readinessProbe"] = _http_probe("/health", "http", period_s=5, failures=2)
+    return container
+
+
+def engine_image(plan: ServicePlan, settings: OperatorSettings) -> str:
+    return plan.image or (settings.vllm_image if plan.vllm else settings.worker_image)
 
 
 def image(plan: ServicePlan, settings: OperatorSettings) -> str:
-    return plan.image or settings.worker_image
+    """Strata's own image, for the model fetch and the KV-tier sidecar: the service's where its
+    engine is Strata's worker."""
+    return plan.image if plan.image and not plan.vllm else settings.worker_image
 
 
 def model_fetcher(plan: ServicePlan, settings: OperatorSettings) -> Manifest | None:

@@ -15,6 +15,11 @@ from strata.worker.config import KVTIER_STAGING_BYTES
 MODEL_DIR = "/models"
 # Headroom above the DRAM tier for what the engine itself puts in /dev/shm (e.g. torch IPC).
 SHM_HEADROOM_BYTES = 256 * 2**20
+# A vLLM engine's tensor-parallel workers exchange through /dev/shm (NCCL's and vLLM's shared
+# buffers): this much more per GPU of a replica with several.
+TP_SHM_BYTES_PER_GPU = 2**30
+# /tmp: vLLM's caches (compiled kernels, torch.compile's) live there, as its HOME.
+TMP_SIZE, VLLM_TMP_SIZE = "1Gi", "8Gi"
 NVME_VOLUME = "nvme"
 # Each pod gets its own directory on the node so replicas (and tenants) never share one.
 HOST_PATH_SUBDIR = "$(POD_NAMESPACE)/$(POD_NAME)"
@@ -23,7 +28,8 @@ HOST_PATH_SUBDIR = "$(POD_NAMESPACE)/$(POD_NAME)"
 def shm_size_bytes(plan: ServicePlan) -> int:
     """The DRAM tier, the sidecar's staging slots beside it, and the engine's own use."""
     staging = KVTIER_STAGING_BYTES if plan.kv_sidecar else 0
-    return plan.dram_bytes + staging + SHM_HEADROOM_BYTES
+    tensor_parallel = TP_SHM_BYTES_PER_GPU * plan.gpus if plan.vllm and plan.gpus > 1 else 0
+    return plan.dram_bytes + staging + SHM_HEADROOM_BYTES + tensor_parallel
 
 
 def nvme_claim_spec(plan: ServicePlan) -> Manifest:
@@ -46,7 +52,7 @@ def render_volumes(plan: ServicePlan, settings: OperatorSettings) -> list[Manife
     volumes: list[Manifest] = [
         {"name": "config", "configMap": {"name": names.configmap_name(plan.name)}},
         {"name": "run", "emptyDir": {"sizeLimit": "16Mi"}},
-        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": VLLM_TMP_SIZE if plan.vllm else TMP_SIZE}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": bytes_quantity(shm_size_bytes(plan))}},
         model_volume(plan),
     ]
