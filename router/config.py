@@ -43,6 +43,14 @@ class WorkersConfig(_Strict):
     kv_events_port: int | None = Field(
         8001, ge=1, le=65535, description="The KV-tier sidecars' metrics port (/kv/events); None: no sidecar."
     )
+    engine: Literal["torch", "vllm"] = Field(
+        "torch",
+        description="What serves at the workers' port: Strata's worker (its HBM block events at /kv/events) "
+        "or vLLM (its KV events relayed by the sidecar at /kv/engine-events; requests validated by vLLM).",
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        "cuda", description="The workers' device: a vLLM engine's block keys are salted with it."
+    )
 
 
 class PriorityConfig(_Strict):

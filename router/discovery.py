@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from strata.router.config import WorkersConfig
 from strata.router.fleet import Address
 from strata.router.kube import KubeError, PodReader
+from strata.worker.block_events import ENGINE_PATH as ENGINE_EVENTS_PATH
 from strata.worker.block_events import PATH as EVENTS_PATH
 from strata.worker.kvtier.protocol import EXPECT_PATH
 
@@ -34,13 +35,17 @@ class PodState:
 
 
 def address(host: str, workers: WorkersConfig) -> Address:
+    """A worker's API and its block-event streams: the engine's HBM (a vLLM engine's through its
+    sidecar's relay; none without a sidecar) and the sidecar's lower tiers."""
     host = f"[{host}]" if ":" in host else host
     url = f"http://{host}:{workers.port}"
-    events = {"worker": url + EVENTS_PATH}
+    events = {"worker": url + EVENTS_PATH} if workers.engine == "torch" else {}
     if workers.kv_events_port is None:
         return Address(url, events)
     sidecar = f"http://{host}:{workers.kv_events_port}"
     events["sidecar"] = sidecar + EVENTS_PATH
+    if workers.engine == "vllm":
+        events["worker"] = sidecar + ENGINE_EVENTS_PATH
     return Address(url, events, sidecar + EXPECT_PATH)
 
 
