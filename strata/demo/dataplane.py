@@ -12,6 +12,8 @@ import time
 
 import httpx
 
+from strata.operator.autoscale.metrics import VLLM_CACHED, VLLM_SOURCES
+
 TIERS = ("hbm", "dram", "nvme", "shared")
 
 
@@ -52,8 +54,18 @@ def per_tier(metrics: str, name: str) -> dict[str, float]:
 
 
 def hit_tokens(api: str) -> dict[str, float]:
-    """Prompt tokens served from each cache tier so far (the worker's own counters)."""
-    return per_tier(httpx.get(f"{api}/metrics", timeout=10).text, "strata_worker_prefix_hit_tokens_total")
+    """Prompt tokens served from each cache tier so far (the engine's own counters: Strata's
+    worker's, or vLLM's by the source Strata's connector reported for each)."""
+    text = httpx.get(f"{api}/metrics", timeout=10).text
+    if VLLM_CACHED not in text:
+        return per_tier(text, "strata_worker_prefix_hit_tokens_total")
+    tiers = dict.fromkeys(TIERS, 0.0)
+    for line in text.splitlines():
+        if line.startswith(VLLM_CACHED + "{") and 'source="' in line:
+            tier = VLLM_SOURCES.get(line.split('source="', 1)[1].split('"', 1)[0])
+            if tier is not None:
+                tiers[tier] += float(line.rsplit(" ", 1)[1])
+    return tiers
 
 
 def held_blocks(kv_metrics: str) -> dict[str, float]:

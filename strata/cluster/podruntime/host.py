@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
+from strata.cluster.podruntime.images import Images
 from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.mounts import IMAGE_CODE
 
@@ -43,7 +44,7 @@ class Host:
     repo_root: Path  # the checkout the containers run
     root: Path  # <cluster>/pod-runtime: pods/<key>/ (volumes, launch specs), claims/<pv>/
     logs: Path  # <cluster>/logs/pods: <key>/<container>/<n>.log
-    env: dict[str, str]
+    images: Images
     session: aiohttp.ClientSession = field(default_factory=aiohttp.ClientSession)
 
     @property

@@ -25,6 +25,7 @@ from strata.cluster.podruntime import capacity, events, launch
 from strata.cluster.podruntime.endpoints import LOOPBACK, PodEndpoint
 from strata.cluster.podruntime.env import quantity
 from strata.cluster.podruntime.host import SHUTDOWN_GRACE_S, Host, image_env
+from strata.cluster.podruntime.images import Images, vllm_env_dir
 from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.nodeagent import NodeAgent
 from strata.cluster.podruntime.proxy import ServiceProxy
@@ -153,7 +154,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def serve(args: argparse.Namespace, problem: str | None) -> None:
     api = KubeApi.from_kubeconfig(args.kubeconfig)
     port = urllib.parse.urlsplit(api.server).port or 443
-    host = Host(api, REPO_ROOT, args.root.resolve(), args.logs.resolve(), image_env(port))
+    images = Images(image_env(port), vllm_env_dir(REPO_ROOT))
+    host = Host(api, REPO_ROOT, args.root.resolve(), args.logs.resolve(), images)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -23,6 +23,7 @@ from strata.cluster.podruntime import env as envs
 from strata.cluster.podruntime import probes as probing
 from strata.cluster.podruntime.endpoints import PodEndpoint
 from strata.cluster.podruntime.host import HOST_IP, MIN_GRACE_S, Host, Node
+from strata.cluster.podruntime.images import ImageUnavailable
 from strata.cluster.podruntime.kubeapi import STRATEGIC, ApiError
 from strata.cluster.podruntime.mounts import Mount, PodDirs, container_mounts, image_mount
 from strata.cluster.podruntime.spec import Container, Pod, Probe, parse_pod
@@ -166,7 +167,8 @@ class PodWorker:
     async def _start(self, container: Container, now: float) -> None:
         name, record = container.name, self.records[container.name]
         try:
-            base = {**await self._service_env(), **self.host.env, "HOSTNAME": self.pod.metadata.name}
+            image_env = self.host.images.env(container.image)
+            base = {**await self._service_env(), **image_env, "HOSTNAME": self.pod.metadata.name}
             env = envs.container_env(container, self._facts(), await self._sources(container), base)
             argv = envs.command_line(container, env)
             mounts = [
@@ -174,7 +176,7 @@ class PodWorker:
                 *container_mounts(self.pod, container, self.dirs, env, self.claims or {}),
             ]
             _make_sub_paths(mounts)
-        except (envs.ContainerConfigError, ApiError, KeyError, OSError) as error:
+        except (envs.ContainerConfigError, ImageUnavailable, ApiError, KeyError, OSError) as error:
             self.records[name] = records.start_failed(record, "CreateContainerConfigError", str(error), now)
             await self._event("Failed", f"Error: {error}", container=name, warning=True)
             return

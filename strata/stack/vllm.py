@@ -1,0 +1,122 @@
+"""A real vLLM engine beside a real KV-tier sidecar, as processes on loopback: what the vLLM
+tests and benchmark run outside a cluster, with the command lines the operator renders.
+
+The vLLM environment is the one the local pod runtime maps vLLM's images to (``make
+vllm-env``); :func:`ensure_vllm_env` builds it where it is missing, with the installer's
+progress on the console. A vLLM start imports torch in up to three processes: a minute or two
+on a quiet two-core machine, several on a loaded one, so every wait here is bounded and fails
+at once, with the process's last log lines, when the process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from strata.cluster.podruntime.images import VLLM_ENV_VAR, VLLM_LOCAL_ENV, vllm_env_dir
+from strata.operator.render.vllm import serve_args
+from strata.stack.dataplane import stop, wait_ok
+from strata.worker.block_events import ENGINE_PATH, parse_line
+from strata.worker.config import WorkerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALLER = REPO / "tools" / "vllm" / "install.sh"
+START_S = 1200.0  # vLLM's start on a loaded two-core machine (three processes import torch)
+
+
+def ensure_vllm_env() -> Path:
+    """The vLLM environment's prefix, built first if it is not (prints the installer's steps)."""
+    env = vllm_env_dir(REPO)
+    if os.environ.get(VLLM_ENV_VAR) is None:  # ours: the installer is a no-op when it is current
+        subprocess.run([str(INSTALLER), str(env.parent)], check=True, stdout=sys.stderr)
+    return env
+
+
+@dataclass
+class Engine:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def vllm_command(env: Path, config: WorkerConfig, config_path: Path, port: int, *extra: str) -> list[str]:
+    args = serve_args(config.model_copy(update={"server": config.server.model_copy(update={"port": port})}),
+                      0, "127.0.0.1", str(config_path))  # fmt: skip
+    return [str(env / "bin" / "vllm"), "serve", config.model.path, *args, *extra]
+
+
+def vllm_process_env(env: Path) -> dict[str, str]:
+    """This process's environment with the vLLM environment's, as the local pod runtime gives a
+    vLLM container: its bin first, its local settings, this checkout importable, and vLLM's
+    processes finding each other on loopback (unset, vLLM probes a public address for its own)."""
+    path = f"{env / 'bin'}:{os.environ.get('PATH', '')}"
+    return {
+        **os.environ,
+        **VLLM_LOCAL_ENV,
+        "PATH": path,
+        "PYTHONPATH": str(REPO),
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
+
+
+@contextmanager
+def running_vllm(
+    env: Path, config: WorkerConfig, config_path: Path, port: int, log: Path, *extra: str
+) -> Iterator[Engine]:
+    """vLLM serving ``config``'s model on 127.0.0.1:``port`` until the block ends."""
+    proc = subprocess.Popen(
+        vllm_command(env, config, config_path, port, *extra),
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=vllm_process_env(env),
+        start_new_session=True,  # its engine-core and worker processes go with it
+    )
+    engine = Engine(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        wait_ok(engine.url + "/health", proc, log, START_S)
+        yield engine
+    finally:
+        kill_group(proc)
+
+
+@contextmanager
+def running_sidecar(config_path: Path, metrics_port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``strata kvtier serve`` on ``config_path`` (its /metrics and block events on 127.0.0.1)."""
+    argv = [sys.executable, "-m", "strata", "kvtier", "serve", "--config", str(config_path)]
+    argv += ["--host", "127.0.0.1", "--metrics-port", str(metrics_port)]
+    proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_ok(f"http://127.0.0.1:{metrics_port}/health", proc, log, START_S)
+        yield proc
+    finally:
+        stop(proc)
+
+
+def relayed_keys(kv_metrics: str) -> set[bytes]:
+    """A vLLM engine's HBM block keys as its sidecar's relay reports them (the stream's snapshot),
+    from the sidecar's metrics base URL."""
+    keys: set[bytes] = set()
+    with httpx.stream("GET", f"{kv_metrics}{ENGINE_PATH}", timeout=10) as stream:
+        for line in stream.iter_lines():
+            event = parse_line(line)
+            if event.kind == "synced":
+                break
+            keys.update(event.blocks)
+    return keys
+
+
+def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """The engine and every process it started (vLLM's engine core and workers)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+    stop(proc)
