@@ -10,13 +10,12 @@ transformers and vLLM apply them. Torch-free.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata.worker.models.errors import ModelLoadError
+from strata.worker.models.jsonfile import read_optional
 from strata.worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -36,18 +35,6 @@ class GenerationDefaults:
     max_tokens: int | None = None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"model.path: {path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"model.path: {path} must hold a JSON object")
-    return data
-
-
 def _ids(value: Any) -> set[int]:
     """``eos_token_id`` is an int, a list of ints, or absent."""
     values = value if isinstance(value, list) else [value]
@@ -62,10 +49,10 @@ def _token_text(value: Any) -> str | None:
 
 
 def eos_token_ids(model_dir: Path, tokenizer: Tokenizer, generation: dict[str, Any]) -> frozenset[int]:
-    config = _read_json(model_dir / "config.json")
+    config = read_optional(model_dir / "config.json")
     ids = _ids(config.get("eos_token_id")) | _ids(generation.get("eos_token_id"))
     specials = tokenizer.special_tokens()
-    eos_text = _token_text(_read_json(model_dir / "tokenizer_config.json").get("eos_token"))
+    eos_text = _token_text(read_optional(model_dir / "tokenizer_config.json").get("eos_token"))
     for text in (eos_text, *END_OF_TURN):
         if text is not None and text in specials:
             ids.add(specials[text])
@@ -87,6 +74,6 @@ def _sampling(generation: dict[str, Any]) -> dict[str, Any]:
 
 def load_generation_defaults(model_dir: str | Path, tokenizer: Tokenizer) -> GenerationDefaults:
     directory = Path(model_dir)
-    generation = _read_json(directory / "generation_config.json")
+    generation = read_optional(directory / "generation_config.json")
     eos = eos_token_ids(directory, tokenizer, generation)
     return GenerationDefaults(eos_token_ids=eos, **_sampling(generation))
