@@ -6,6 +6,7 @@ a load from the KV tiers."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from strata.worker.server.app import build_app
 from strata.worker.server.engine_loop import EngineLoop
 from strata.worker.server.main import build_engine
 from tests.kvtier.conftest import kvtier_config, root, start_sidecar
+from tests.worker import fidelity_check
 from tests.worker.conftest import make_config
 from tests.worker.hf_checkpoints import CASES, Case, token_ids, write_checkpoint
 
@@ -163,3 +165,29 @@ async def test_greedy_over_http_equals_transformers_cold_cached_and_from_tiers(
     assert engine.stats.hit_tokens["dram"] > 0, engine.stats.hit_tokens
     for got in (cold, hbm, tiers):
         expect(reference, first, got)
+
+
+def test_the_device_check_runs_here_in_float32(tmp_path: Path) -> None:
+    """tools/device/check.sh runs fidelity_check in bfloat16 on a GPU; here, one checkpoint of each
+    architecture in float32 on the CPU, so the script is known to run."""
+    cases = ["llama-v5-llama3", "qwen2-legacy-yarn", "qwen3-v5-tied", "mistral-v5-window"]
+    out = tmp_path / "fidelity.json"
+    assert (
+        fidelity_check.main(["--device", "cpu", "--dtype", "float32", "--out", str(out), "--cases", *cases])
+        == 0
+    )
+    results = json.loads(out.read_text())
+    assert results["ok"] and sorted(results["cases"]) == sorted(cases)
+    assert all(r["whole_context"]["max_diff"] <= TOLERANCE for r in results["cases"].values())
+
+
+def test_the_device_checks_bfloat16_tolerance() -> None:
+    exact = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    theirs = exact + 0.01 * torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+    ours = exact + 0.01 * torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    assert fidelity_check.judge(ours, theirs, exact, torch.bfloat16)["ok"]
+    assert not fidelity_check.judge(exact + 0.05, theirs, exact, torch.bfloat16)["ok"]  # 5x their error
+    assert not fidelity_check.judge(ours + (exact > 3) * 0.5, theirs, exact, torch.bfloat16)[
+        "ok"
+    ]  # one spike
+    assert not fidelity_check.judge(ours, theirs, exact, torch.float32)["ok"]  # float32: 1e-4
