@@ -124,7 +124,7 @@ def _shards(out: Path, source: HttpSource) -> list[str]:
 
 def _validate(uri: str, out: Path) -> None:
     """Fail the init container, not the engine, when what arrived is not a loadable model."""
-    from strata.worker.models.loader import read_config
+    from strata.worker.models.registry import read_config
 
     try:
         read_config(out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,9 @@ def fetch_hf(uri: str, out: Path, include: tuple[str, ...], exclude: tuple[str, 
             allow_patterns=patterns,
             max_workers=workers,
             tqdm_class=bars,
+            # huggingface_hub reads HF_ENDPOINT once, when first imported (which transformers,
+            # say, may have done before the variable was set): read it at each fetch instead.
+            endpoint=os.environ.get("HF_ENDPOINT") or None,
         )
 
     try:

@@ -17,7 +17,7 @@ from strata.worker import perf
 from strata.worker.config import EngineConfig, ModelConfig, WorkerConfig
 from strata.worker.engine.llm_engine import LLMEngine, pick_device
 from strata.worker.engine.sequence import SamplingParams
-from strata.worker.models.llama import causal_attend
+from strata.worker.models.layers import causal_attend
 from strata.worker.models.presets import write_model
 
 

@@ -28,6 +28,10 @@ class Tokenizer(Protocol):
         """Special token text -> id (how end-of-turn markers are found)."""
         ...
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the token spelled ``text`` (special or not), if the vocabulary has one."""
+        ...
+
 
 class ByteTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -41,6 +45,10 @@ class ByteTokenizer:
 
     def special_tokens(self) -> dict[str, int]:
         return {}
+
+    def token_id(self, text: str) -> int | None:
+        del text
+        return None
 
 
 class HFTokenizer:
@@ -68,6 +76,10 @@ class HFTokenizer:
     def special_tokens(self) -> dict[str, int]:
         added = self._tok.get_added_tokens_decoder()
         return {token.content: token_id for token_id, token in added.items() if token.special}
+
+    def token_id(self, text: str) -> int | None:
+        found: int | None = self._tok.token_to_id(text)
+        return found
 
 
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:

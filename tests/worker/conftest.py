@@ -12,7 +12,7 @@ import torch
 from strata.worker.config import EngineConfig, ModelConfig, WorkerConfig
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.kv_connector import KVConnector
-from strata.worker.models.llama import causal_attend
+from strata.worker.models.layers import causal_attend
 from strata.worker.models.presets import write_model
 
 torch.set_num_threads(1)  # the machine is shared; tiny matmuls gain nothing from more threads

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 
-from strata.worker.models.llama import LlamaConfig, LlamaForCausalLM
+from strata.worker.models.hf_config import DecoderConfig
+from strata.worker.models.llama import LlamaForCausalLM
 from strata.worker.models.loader import DTYPES, load_model
 
-WARM_UP = LlamaConfig(8, 8, 8, 1, 2, 2, 8)
+WARM_UP = DecoderConfig(8, 8, 8, 1, 2, 2, 4, 8, 1e-5)
 
 
 def _status(field: str) -> int:

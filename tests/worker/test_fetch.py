@@ -20,8 +20,8 @@ import pytest
 from strata.worker.fetch import MARKER, FetchOptions, fetch_model
 from strata.worker.fetch_hf import parse_hf, selected, weight_patterns
 from strata.worker.fetch_http import FetchError, resolve_http
-from strata.worker.models.loader import read_config
 from strata.worker.models.presets import write_model
+from strata.worker.models.registry import read_config
 
 SHARD_BYTES = 2 * 2**20
 STALL_AT = 2**20  # the server stops sending shard b here until released

@@ -5,16 +5,20 @@ the sampling defaults, and chat_template.jinja renders exactly as transformers r
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from strata.worker.chat_template import ChatTemplateError, load_chat_template
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.engine.sequence import SamplingParams
 from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
 from strata.worker.models.presets import write_model
+from strata.worker.server.app import build_app
+from strata.worker.server.engine_loop import EngineLoop
 from strata.worker.server.generate import sampling_params
 from strata.worker.server.protocol import parse_request
 from strata.worker.tokenizer import load_tokenizer
@@ -92,20 +96,90 @@ def test_generation_stops_at_either_eos_id(tiny_dir: Path, tmp_path: Path) -> No
     assert (out, reason) == (free[:2], "stop")  # a request's stop_token_ids, even with ignore_eos
 
 
-def test_end_of_turn_special_token_stops(tiny_dir: Path, tmp_path: Path) -> None:
-    """A tokenizer whose <|eot_id|> is an id the model produces: generation ends there."""
-    free, _ = greedy(tiny_dir, SamplingParams(max_tokens=30, ignore_eos=True))
-    at = first_new(free, 3)
-    model = Path(shutil.copytree(tiny_dir, tmp_path / "m"))
+def word_tokenizer(model: Path, special: dict[str, int], specials: bool = True) -> None:
+    """A WordLevel tokenizer.json over the tiny model's 320 ids (``t0``... and ``special``)."""
     from tokenizers import AddedToken, Tokenizer, models
 
-    vocab = {f"t{i}": i for i in range(320) if i != free[at]} | {"<|eot_id|>": free[at]}
+    vocab = {f"t{i}": i for i in range(320) if i not in special.values()} | special
     rust = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    rust.add_special_tokens([AddedToken("<|eot_id|>", special=True)])  # keeps its vocab id
+    if specials:
+        rust.add_special_tokens([AddedToken(text, special=True) for text in special])  # keep their ids
     rust.save(str(model / "tokenizer.json"))
+
+
+def without_eos(tiny_dir: Path, tmp_path: Path) -> Path:
+    model = Path(shutil.copytree(tiny_dir, tmp_path / "m"))
+    config = json.loads((model / "config.json").read_text())
+    del config["eos_token_id"]
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_built_in_end_of_turn_tokens_only_where_the_checkpoint_lists_none(
+    tiny_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    free, _ = greedy(tiny_dir, SamplingParams(max_tokens=30, ignore_eos=True))
+    at = first_new(free, 3)
+    model = without_eos(tiny_dir, tmp_path)
+    word_tokenizer(model, {"<|eot_id|>": free[at]})
     assert load_tokenizer(model).special_tokens() == {"<|eot_id|>": free[at]}
-    out, reason = greedy(model, SamplingParams(max_tokens=30))
+    with caplog.at_level(logging.WARNING, logger="strata.worker.models.generation"):
+        out, reason = greedy(model, SamplingParams(max_tokens=30))
     assert (out, reason) == (free[: at + 1], "stop")
+    assert "lists no EOS token" in caplog.text and "<|eot_id|>" in caplog.text
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "eos_token_id": 1000}))  # lists one
+    caplog.clear()
+    out, reason = greedy(model, SamplingParams(max_tokens=30))
+    assert (out, reason) == (free, "length") and "lists no EOS token" not in caplog.text
+
+
+def test_an_end_of_turn_token_the_checkpoint_does_not_list_does_not_stop(
+    chat_dir: Path, tmp_path: Path
+) -> None:
+    """<|eom_id|> is special in the tokenizer, but neither config.json, generation_config.json nor
+    the tokenizer's eos_token names it: as in transformers and vLLM, it is text like any other."""
+    model = Path(shutil.copytree(chat_dir, tmp_path / "m"))
+    free, _ = greedy(model, SamplingParams(max_tokens=30, ignore_eos=True))
+    at = first_new(free, 3)
+    word_tokenizer(model, {"<|eom_id|>": free[at], "<|end_of_text|>": END_OF_TEXT_ID, "<|eot_id|>": EOT_ID})
+    defaults = load_generation_defaults(model, load_tokenizer(model))
+    assert defaults.eos_token_ids == {END_OF_TEXT_ID, EOT_ID}
+    out, _ = greedy(model, SamplingParams(max_tokens=at + 3, ignore_eos=False))
+    assert out[: at + 3] == free[: at + 3]
+
+
+def test_the_tokenizers_eos_token_stops_even_when_not_special(tiny_dir: Path, tmp_path: Path) -> None:
+    free, _ = greedy(tiny_dir, SamplingParams(max_tokens=30, ignore_eos=True))
+    at = first_new(free, 3)
+    model = without_eos(tiny_dir, tmp_path)
+    word_tokenizer(model, {}, specials=False)
+    (model / "special_tokens_map.json").write_text(json.dumps({"eos_token": f"t{free[at]}"}))
+    assert load_generation_defaults(model, load_tokenizer(model)).eos_token_ids == {free[at]}
+
+
+async def test_a_stop_tokens_text_is_not_returned(tiny_dir: Path, tmp_path: Path) -> None:
+    """An EOS that is an ordinary token ends generation; vLLM leaves its text out of the completion
+    (the token counts in usage), in a whole response and in a stream alike."""
+    free, _ = greedy(tiny_dir, SamplingParams(max_tokens=30, ignore_eos=True))
+    at = first_new(free, 3)
+    model = without_eos(tiny_dir, tmp_path)
+    word_tokenizer(model, {}, specials=False)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "eos_token_id": free[at]}))
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 30, "temperature": 0}
+    client = TestClient(TestServer(build_app(EngineLoop(LLMEngine.from_config(make_config(model))))))
+    await client.start_server()
+    try:
+        whole = await (await client.post("/v1/completions", json=body)).json()
+        stream = await (await client.post("/v1/completions", json={**body, "stream": True})).text()
+    finally:
+        await client.close()
+    want = " ".join(f"t{t}" for t in free[:at])
+    assert whole["choices"][0]["text"] == want and whole["choices"][0]["finish_reason"] == "stop"
+    assert whole["usage"]["completion_tokens"] == at + 1
+    chunks = [json.loads(line[6:]) for line in stream.split("\n\n") if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want
 
 
 def test_generation_config_gives_the_defaults_a_request_leaves_out() -> None:

@@ -14,25 +14,28 @@ import torch
 from safetensors.torch import save_file
 
 from strata.worker.models.errors import ModelLoadError
-from strata.worker.models.llama import LlamaConfig
+from strata.worker.models.hf_config import DecoderConfig
 from strata.worker.models.loader import load_model
-from strata.worker.models.presets import seeded_state
+from strata.worker.models.presets import config_json, seeded_state
 
 # Many small tensors in four shards: ~14M parameters, no tensor over 1.5% of the whole.
-CONFIG = LlamaConfig(
+CONFIG = DecoderConfig(
     vocab_size=320,
     hidden_size=256,
     intermediate_size=768,
     num_hidden_layers=16,
     num_attention_heads=4,
     num_key_value_heads=2,
+    head_dim=64,
     max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    eos_token_ids=(257,),
 )
 
 
 def write_sharded(out: Path, dtype: torch.dtype, shards: int = 4) -> dict[str, torch.Tensor]:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(CONFIG.to_dict()))
+    (out / "config.json").write_text(json.dumps(config_json(CONFIG)))
     state = {k: v.to(dtype) for k, v in seeded_state(CONFIG, seed=3).items()}
     names = sorted(state)
     weight_map: dict[str, str] = {}
@@ -87,7 +90,7 @@ def test_weights_are_exact_and_in_the_target_dtype(tmp_path: Path) -> None:
 
 def test_tied_embeddings_share_one_tensor(tmp_path: Path) -> None:
     state = write_sharded(tmp_path, torch.float32, shards=2)
-    config = {**CONFIG.to_dict(), "tie_word_embeddings": True}
+    config = {**config_json(CONFIG), "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = load_model(tmp_path, torch.float32, torch.device("cpu"))
     assert model.lm_head.weight is model.model.embed_tokens.weight

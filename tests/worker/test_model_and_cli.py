@@ -10,9 +10,11 @@ import torch
 from safetensors.torch import load_file
 
 from strata.worker import cli, gpu_check
+from strata.worker.models import llama
 from strata.worker.models.errors import ModelLoadError
-from strata.worker.models.llama import LlamaConfig, llama3_inv_freq
+from strata.worker.models.hf_config import parse_config
 from strata.worker.models.loader import load_model
+from strata.worker.models.rope import RopeConfig, llama3_inv_freq
 from strata.worker.tokenizer import ByteTokenizer, load_tokenizer
 
 
@@ -58,7 +60,7 @@ def test_tied_embeddings_and_llama3_style_config_load(tmp_path: Path, tiny_dir: 
     raw.update(tie_word_embeddings=True, eos_token_id=[257, 258], torch_dtype="bfloat16", unknown_field=1)
     (tmp_path / "config.json").write_text(json.dumps(raw))
     model = load_model(tmp_path, torch.float32, torch.device("cpu"))
-    assert model.config.eos_token_id == 257
+    assert model.config.eos_token_ids == (257, 258)
     assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
 
 
@@ -71,13 +73,7 @@ def test_missing_or_broken_model_dirs_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_llama3_rope_scaling_slows_only_low_frequencies() -> None:
-    scaling = {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    }
+    scaling = RopeConfig("llama3", 500000.0, factor=8.0, original_max_position_embeddings=8192)
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2).float() / 128))
     scaled = llama3_inv_freq(inv_freq, scaling)
     wavelen = 2 * torch.pi / inv_freq
@@ -92,9 +88,9 @@ def test_llama3_rope_scaling_slows_only_low_frequencies() -> None:
 
 def test_unsupported_rope_scaling_is_refused(tmp_path: Path, tiny_dir: Path) -> None:
     raw = json.loads((tiny_dir / "config.json").read_text())
-    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    raw["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ModelLoadError, match="yarn"):
+    with pytest.raises(ModelLoadError, match="longrope"):
         load_model(tmp_path, torch.float32, torch.device("cpu"))
 
 
@@ -107,9 +103,9 @@ def test_config_from_dict_defaults_kv_heads() -> None:
         "num_attention_heads": 2,
         "max_position_embeddings": 16,
     }
-    config = LlamaConfig.from_dict(raw)
+    config = parse_config(raw, llama.ARCHITECTURE)
     assert config.num_key_value_heads == 2 and config.head_dim == 4
-    assert LlamaConfig.from_dict({**raw, "head_dim": 16}).head_dim == 16
+    assert parse_config({**raw, "head_dim": 16}, llama.ARCHITECTURE).head_dim == 16
 
 
 def test_byte_tokenizer_round_trips_and_is_the_fallback(tiny_dir: Path) -> None:

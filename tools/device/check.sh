@@ -8,6 +8,11 @@
 #      /dev/shm, /tmp, the checkout's disk), in steps.log;
 #   3. `strata worker gpu-check` (the engine on CUDA: greedy decoding through the paged cache
 #      equal to recomputation, then prefill, decode and TTFT), gpu-check.json;
+#   3b. the engine's logits against transformers' in bfloat16 on CUDA, for every architecture and
+#      config layout (tests/worker/fidelity_check.py: the whole context and paged decoding;
+#      tolerance: a mean abs error against transformers' float32 logits at most 1.5x
+#      transformers' own bfloat16 error, and a max abs diff from its bfloat16 logits at most 0.1x
+#      the logits' std), fidelity.json;
 #   4. the KV tiers' CUDA path: tests/kvtier/test_engine_integration.py on CUDA
 #      (STRATA_TEST_DEVICE=cuda: blocks saved from the GPU's cache to DRAM, NVMe and the shared
 #      tier, loaded back into it, and decoding from them equal to recomputation), in steps.log;
@@ -54,6 +59,8 @@ SIZES=""  # on the GPU, gpu-check's own (the small model, a 4k prompt, a batch o
 if [ "$DEVICE" = cpu ]; then SIZES="--preset tiny --prompt-tokens 256 --batch 2 --decode-tokens 4"; fi
 if [ "$DEVICE" = cuda ]; then step pagelock 60 python3 tools/device/pagelock_probe.py /dev/shm /tmp "$PWD"; fi
 step gpu-check 120 bash -c "python3 -m strata worker gpu-check --device $DEVICE $SIZES >'$OUT/gpu-check.json'"
+step fidelity-bf16 150 python3 -m tests.worker.fidelity_check --device "$DEVICE" --dtype bfloat16 \
+  --out "$OUT/fidelity.json"
 step "kvtier-$DEVICE" 150 env STRATA_TEST_DEVICE="$DEVICE" python3 -m pytest -q -p no:cacheprovider \
   tests/kvtier/test_engine_integration.py tests/kvtier/test_devicehash.py tests/kvtier/test_blockcopy.py \
   tests/bench/test_kvtier_device.py

@@ -3,8 +3,8 @@
 # cryptography for the test plugins, pytest-asyncio for the suite's settings), as wheels for its
 # Python 3.12 into .device/wheels: nothing can be fetched there, so they travel with the working
 # tree (`carry: [".device"]`). Everything else the worker, its tests and its benchmark import
-# (torch, numpy, aiohttp, prometheus-client, xxhash, safetensors, tokenizers, jinja2, pyyaml,
-# pytest) is in that image (/work/.library/device/KINDS.md).
+# (torch, numpy, aiohttp, prometheus-client, xxhash, safetensors, tokenizers, transformers,
+# jinja2, pyyaml, pytest) is in that image (/work/.library/device/KINDS.md).
 set -euo pipefail
 PIP=${PIP:-.venv/bin/pip}
 DEST=${1:-.device/wheels}

@@ -27,9 +27,10 @@ from strata.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerL
 from strata.worker.engine.sequence import SamplingParams, Sequence, TokenLogprob
 from strata.worker.engine.stats import EngineStats
 from strata.worker.kv_connector import KVConnector, chain_hashes, root_hash
+from strata.worker.models.decoder import DecoderForCausalLM
 from strata.worker.models.errors import ModelLoadError
 from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
-from strata.worker.models.llama import LlamaForCausalLM
+from strata.worker.models.hf_config import check_context
 from strata.worker.models.loader import DTYPES, load_model
 from strata.worker.request_limits import RequestError as RequestError  # re-exported
 from strata.worker.tokenizer import Tokenizer, load_tokenizer
@@ -97,7 +98,7 @@ class LLMEngine:
     def __init__(
         self,
         config: WorkerConfig,
-        model: LlamaForCausalLM,
+        model: DecoderForCausalLM,
         tokenizer: Tokenizer,
         connector: KVConnector | None = None,
         chat_template: ChatTemplate | None = None,
@@ -107,12 +108,12 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        eos = model.config.eos_token_id
-        self.generation = generation or GenerationDefaults(frozenset(() if eos is None else (eos,)))
+        self.generation = generation or GenerationDefaults(frozenset(model.config.eos_token_ids))
         self.block_size = cfg.block_size
         weights = next(model.parameters())
         device = weights.device
         self.max_context = min(config.model.max_context_tokens, model.config.max_position_embeddings)
+        check_context(model.config, self.max_context)
         per_block = block_bytes(model, cfg.block_size, weights.dtype)
         self.kv_bytes_per_token = per_block // cfg.block_size  # all layers, K and V, in HBM
         warn_if_told_otherwise(config.model.kv_bytes_per_token, self.kv_bytes_per_token)

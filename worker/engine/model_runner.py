@@ -18,17 +18,17 @@ from torch import Tensor
 
 from strata.worker.engine.attention import ChunkSpan, DecodeGroup, PagedAttention
 from strata.worker.engine.sequence import Sequence
-from strata.worker.models.llama import LlamaForCausalLM
+from strata.worker.models.decoder import DecoderForCausalLM
 
 HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64, and arm64 with 4 KiB base pages)
 
 
-def block_shape(model: LlamaForCausalLM, block_size: int) -> tuple[int, int, int, int, int]:
+def block_shape(model: DecoderForCausalLM, block_size: int) -> tuple[int, int, int, int, int]:
     c = model.config
     return (c.num_hidden_layers, 2, block_size, c.num_key_value_heads, c.head_dim)
 
 
-def block_bytes(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+def block_bytes(model: DecoderForCausalLM, block_size: int, dtype: torch.dtype) -> int:
     n = 1
     for d in block_shape(model, block_size):
         n *= d
@@ -55,7 +55,7 @@ def allocate_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: DecoderForCausalLM, num_blocks: int, block_size: int) -> None:
         param = next(model.parameters())
         self.model = model
         self.device, self.dtype = param.device, param.dtype

@@ -2,25 +2,27 @@
 
 A chat model ends a turn with a token that is often not config.json's (first) ``eos_token_id``:
 Llama 3.1 Instruct ends turns with ``<|eot_id|>`` (listed in generation_config.json), Qwen with
-``<|im_end|>``. Every EOS id from config.json and generation_config.json, the tokenizer's own
-``eos_token`` and the special tokens that mark the end of a turn all stop generation.
+``<|im_end|>``. Generation stops, as in transformers and vLLM, at what the checkpoint lists: every
+EOS id of config.json and generation_config.json and the tokenizer's own ``eos_token`` (special
+or not); a request adds its ``stop_token_ids``. Only a checkpoint that lists none stops at the
+end-of-turn tokens of the common chat formats its tokenizer has, and a log line says so.
 generation_config.json's sampling settings are the defaults for requests that give none, as
 transformers and vLLM apply them. Torch-free.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata.worker.models.errors import ModelLoadError
+from strata.worker.models.jsonfile import read_optional
 from strata.worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-# Special tokens that end a turn in the common chat formats (Llama 3, ChatML, Phi, Gemma).
+# Special tokens that end a turn in the common chat formats (Llama 3, ChatML, Phi, Gemma): the
+# stop tokens of a checkpoint that lists none of its own.
 END_OF_TURN = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 # generation_config.json sampling keys the engine applies, and those it cannot (logged, not used).
 APPLIED = ("temperature", "top_p", "top_k", "max_new_tokens")
@@ -36,18 +38,6 @@ class GenerationDefaults:
     max_tokens: int | None = None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"model.path: {path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"model.path: {path} must hold a JSON object")
-    return data
-
-
 def _ids(value: Any) -> set[int]:
     """``eos_token_id`` is an int, a list of ints, or absent."""
     values = value if isinstance(value, list) else [value]
@@ -61,15 +51,35 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def eos_token_ids(model_dir: Path, tokenizer: Tokenizer, generation: dict[str, Any]) -> frozenset[int]:
-    config = _read_json(model_dir / "config.json")
-    ids = _ids(config.get("eos_token_id")) | _ids(generation.get("eos_token_id"))
+def tokenizer_eos(model_dir: Path) -> str | None:
+    """The tokenizer's ``eos_token``: tokenizer_config.json's, else special_tokens_map.json's."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        text = _token_text(read_optional(model_dir / name).get("eos_token"))
+        if text is not None:
+            return text
+    return None
+
+
+def built_in_stops(tokenizer: Tokenizer) -> frozenset[int]:
     specials = tokenizer.special_tokens()
-    eos_text = _token_text(_read_json(model_dir / "tokenizer_config.json").get("eos_token"))
-    for text in (eos_text, *END_OF_TURN):
-        if text is not None and text in specials:
-            ids.add(specials[text])
-    return frozenset(ids)
+    found = {text: specials[text] for text in END_OF_TURN if text in specials}
+    log.warning(
+        "the checkpoint lists no EOS token (config.json, generation_config.json, the tokenizer's "
+        "eos_token): generation stops at the built-in end-of-turn tokens its tokenizer has: %s",
+        sorted(found) or "none",
+        extra={"event": "built_in_stop_tokens", "token_ids": sorted(found.values())},
+    )
+    return frozenset(found.values())
+
+
+def eos_token_ids(model_dir: Path, tokenizer: Tokenizer, generation: dict[str, Any]) -> frozenset[int]:
+    config = read_optional(model_dir / "config.json")
+    ids = _ids(config.get("eos_token_id")) | _ids(generation.get("eos_token_id"))
+    eos_text = tokenizer_eos(model_dir)
+    eos_id = None if eos_text is None else tokenizer.token_id(eos_text)
+    if eos_id is not None:
+        ids.add(eos_id)
+    return frozenset(ids) if ids else built_in_stops(tokenizer)
 
 
 def _sampling(generation: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +97,6 @@ def _sampling(generation: dict[str, Any]) -> dict[str, Any]:
 
 def load_generation_defaults(model_dir: str | Path, tokenizer: Tokenizer) -> GenerationDefaults:
     directory = Path(model_dir)
-    generation = _read_json(directory / "generation_config.json")
+    generation = read_optional(directory / "generation_config.json")
     eos = eos_token_ids(directory, tokenizer, generation)
     return GenerationDefaults(eos_token_ids=eos, **_sampling(generation))

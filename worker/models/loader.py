@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from strata.worker.models.decoder import DecoderForCausalLM
 from strata.worker.models.errors import ModelLoadError
-from strata.worker.models.llama import LlamaConfig, LlamaForCausalLM
+from strata.worker.models.registry import model_class, read_config
 from strata.worker.models.safetensors_reader import SafetensorsError, iter_tensors
 
 DTYPES: dict[str, torch.dtype] = {
@@ -26,22 +27,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 SHARD_INDEX = "model.safetensors.index.json"
 TIED = "lm_head.weight"
-
-
-def read_config(path: str | Path) -> LlamaConfig:
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"model.path: no config.json in {path}")
-    raw = json.loads(config_file.read_text())
-    if raw.get("model_type", "llama") != "llama":
-        raise ModelLoadError(f"model.path: model_type {raw.get('model_type')!r} is not llama")
-    scaling = raw.get("rope_scaling") or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        raise ModelLoadError(
-            f"model.path: rope_scaling type {rope_type!r} is not supported (default, llama3)"
-        )
-    return LlamaConfig.from_dict(raw)
 
 
 def weight_files(path: str | Path) -> list[Path]:
@@ -78,7 +63,7 @@ def _assign(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
 
 
-def _fill(model: LlamaForCausalLM, shards: list[Path], dtype: torch.dtype, device: torch.device) -> None:
+def _fill(model: DecoderForCausalLM, shards: list[Path], dtype: torch.dtype, device: torch.device) -> None:
     skip_head = model.config.tie_word_embeddings
     for shard in shards:
         try:
@@ -89,11 +74,11 @@ def _fill(model: LlamaForCausalLM, shards: list[Path], dtype: torch.dtype, devic
             raise ModelLoadError(f"model.path: {exc}") from exc
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> DecoderForCausalLM:
     config = read_config(path)
     shards = weight_files(path)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     _fill(model, shards, dtype, device)
     if model.lm_head.weight.is_meta:  # tied, or a checkpoint that relies on tying
         model.lm_head.weight = model.model.embed_tokens.weight

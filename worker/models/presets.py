@@ -12,67 +12,92 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 from strata.worker.models.byte_bpe import write_tokenizer
-from strata.worker.models.llama import LlamaConfig, LlamaForCausalLM
+from strata.worker.models.hf_config import DecoderConfig
+from strata.worker.models.llama import LlamaForCausalLM
+from strata.worker.models.rope import RopeConfig
 from strata.worker.tokenizer import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
 
-PRESETS: dict[str, LlamaConfig] = {
-    "tiny": LlamaConfig(
+PRESETS: dict[str, DecoderConfig] = {
+    "tiny": DecoderConfig(
         vocab_size=BYTE_VOCAB_SIZE,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=16,
         max_position_embeddings=4096,
-        bos_token_id=BYTE_BOS_ID,
-        eos_token_id=BYTE_EOS_ID,
+        rms_norm_eps=1e-5,
+        eos_token_ids=(BYTE_EOS_ID,),
     ),
-    "small": LlamaConfig(
+    "small": DecoderConfig(
         vocab_size=BYTE_VOCAB_SIZE,
         hidden_size=512,
         intermediate_size=1536,
         num_hidden_layers=4,
         num_attention_heads=8,
         num_key_value_heads=2,
+        head_dim=64,
         max_position_embeddings=32768,
-        rope_theta=500000.0,
-        bos_token_id=BYTE_BOS_ID,
-        eos_token_id=BYTE_EOS_ID,
+        rms_norm_eps=1e-5,
+        rope=RopeConfig(theta=500000.0),
+        eos_token_ids=(BYTE_EOS_ID,),
     ),
     # head_dim 64: vLLM's CPU attention takes no smaller one
-    "hf-tiny": LlamaConfig(
+    "hf-tiny": DecoderConfig(
         vocab_size=BYTE_VOCAB_SIZE,
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
+        head_dim=64,
         max_position_embeddings=4096,
-        bos_token_id=BYTE_BOS_ID,
-        eos_token_id=BYTE_EOS_ID,
+        rms_norm_eps=1e-5,
+        eos_token_ids=(BYTE_EOS_ID,),
     ),
-    "hf-medium": LlamaConfig(
+    "hf-medium": DecoderConfig(
         vocab_size=BYTE_VOCAB_SIZE,
         hidden_size=768,
         intermediate_size=2048,
         num_hidden_layers=8,
         num_attention_heads=12,
         num_key_value_heads=4,
+        head_dim=64,
         max_position_embeddings=16384,
-        rope_theta=500000.0,
-        bos_token_id=BYTE_BOS_ID,
-        eos_token_id=BYTE_EOS_ID,
+        rms_norm_eps=1e-5,
+        rope=RopeConfig(theta=500000.0),
+        eos_token_ids=(BYTE_EOS_ID,),
     ),
 }
 HF_TOKENIZER = frozenset(name for name in PRESETS if name.startswith("hf-"))
 
 
-def seeded_state(config: LlamaConfig, seed: int) -> dict[str, torch.Tensor]:
+def config_json(config: DecoderConfig) -> dict[str, Any]:
+    """A Llama preset's config.json, in the layout transformers 5 writes (``rope_parameters``)."""
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **{name: getattr(config, name) for name in fields},
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope.theta},
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": BYTE_BOS_ID,
+        "eos_token_id": config.eos_token_ids[0],
+    }
+
+
+def seeded_state(config: DecoderConfig, seed: int) -> dict[str, torch.Tensor]:
     """Weights drawn in sorted-name order from one generator, so they depend on nothing else."""
     with torch.device("meta"):
         shapes = {name: p.shape for name, p in LlamaForCausalLM(config).named_parameters()}
@@ -95,7 +120,7 @@ def write_model(out: str | Path, preset: str, seed: int = 0) -> Path:
     config = PRESETS[preset]
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(config_json(config), indent=2, sort_keys=True) + "\n")
     save_file(seeded_state(config, seed), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     if preset in HF_TOKENIZER:
         write_tokenizer(out_dir, BYTE_BOS_ID, BYTE_EOS_ID)

@@ -9,6 +9,12 @@ from __future__ import annotations
 from strata.worker.tokenizer import Tokenizer
 
 
+def shown_tokens(token_ids: list[int], finish_reason: str | None) -> list[int]:
+    """The tokens whose text the completion shows: not the one that stopped generation (an EOS
+    or a request's ``stop_token_ids``), special or not, as vLLM leaves it out."""
+    return token_ids[:-1] if finish_reason == "stop" else token_ids
+
+
 def held_back(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest tail of ``text`` that begins some stop string."""
     longest = 0

@@ -16,7 +16,7 @@ from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams, TokenLogprob
 from strata.worker.models.generation import GenerationDefaults
 from strata.worker.request_limits import RequestError
-from strata.worker.server.detok import Detokenizer
+from strata.worker.server.detok import Detokenizer, shown_tokens
 from strata.worker.server.drain import DRAINING_HEADER, Drain, Outcome
 from strata.worker.server.engine_loop import EngineLoop, RequestHandle, TokenEvent
 from strata.worker.server.errors import ApiError, error_response, retry_after_s
@@ -172,7 +172,7 @@ class Relay:
         self.last_s = now
         self.completion_tokens += len(event.token_ids)
         reason = event.finish_reason
-        text = self.detok.feed(event.token_ids, final=reason is not None)
+        text = self.detok.feed(shown_tokens(event.token_ids, reason), final=reason is not None)
         if self.detok.stopped and reason is None:
             self.loop.abort(self.handle)
             reason = "stop"
