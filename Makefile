@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN ?= bin
 
-.PHONY: venv cluster-bins prometheus vllm-env lint test test-fast demo bench crds crds-check device-wheels clean
+.PHONY: venv cluster-bins prometheus vllm-env lint test test-fast demo bench crds crds-check docs docs-check device-wheels clean
 
 venv: $(VENV)/.installed
 
@@ -61,6 +61,14 @@ crds: venv
 
 crds-check: venv
 	$(VENV)/bin/strata crds check
+
+# docs/benchmarks.md and README's performance table, from bench/results/*.json (bench/report.py);
+# docs-check fails when either is stale (tests/bench/test_report.py checks the same in `make test`).
+docs: venv
+	$(PY) -m bench.report
+
+docs-check: venv
+	$(PY) -m bench.report --check
 
 # The wheels a lent GPU machine lacks, for tools/device/check.sh (the checks that need a GPU).
 device-wheels: venv

@@ -8,6 +8,7 @@ import pkgutil
 import platform
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,32 @@ def run_one(name: str) -> dict[str, Any]:
     module = importlib.import_module(f"bench.bench_{name}")
     started = time.time()
     result: dict[str, Any] = module.run()
-    result.setdefault("machine", {"python": platform.python_version(), "cpus": _cpus()})
+    result.setdefault("machine", machine())
+    result.setdefault("date", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     result.setdefault("elapsed_s", round(time.time() - started, 2))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return result
 
 
+def machine() -> dict[str, Any]:
+    """What ran the benchmark: the CPU's model, how many CPUs it could use, Python's version."""
+    return {"cpu": _cpu_model(), "cpus": _cpus(), "python": platform.python_version()}
+
+
 def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0))
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.machine()
 
 
 def main(argv: list[str]) -> int:

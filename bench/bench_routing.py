@@ -112,7 +112,7 @@ def tier_weights() -> dict[str, Any]:
     kvtier, worker = RESULTS / "kvtier.json", RESULTS / "worker.json"
     if kvtier.is_file() and worker.is_file():
         k, w = json.loads(kvtier.read_text()), json.loads(worker.read_text())
-        read |= {"dram": k["dram_get_gbps"], "nvme": k["nvme_read_gbps"]}
+        read |= {"dram": k["dram_get_gbps"], "nvme": k["nvme_get_gbps"]}
         prefill, source = w["prefill_tok_s"]["4k"], "bench/results/kvtier.json and worker.json"
     derived = weights.derive(weights.Measurements(m.kv_bytes_per_token, prefill, read, source))
     return {
