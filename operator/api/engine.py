@@ -19,7 +19,7 @@ from strata.operator.api.cel import rule, rules
 EngineKind = Literal["torch", "vllm"]
 VLLM_CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention kernels take blocks of multiples of 32 tokens
 MAX_VLLM_ARGS = 64
-MAX_VLLM_ARG_CHARS = 4096
+MAX_VLLM_ARG_CHARS = 2048  # with MAX_VLLM_ARGS, what keeps the CEL rule within its cost budget
 
 # Every `vllm serve` flag the operator renders or rules out, and where its value comes from
 # instead. Underscores and dashes are the same flag to vLLM; `--no-X` is X's negation, and

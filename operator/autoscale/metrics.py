@@ -2,9 +2,10 @@
 
 The worker exposes Prometheus text (worker/server/metrics.py); only counters, the TTFT
 histogram and two gauges matter here, so the rest of the exposition is ignored. A vLLM engine's
-exposition has none of Strata's names: its own (``vllm:``) give the same figures (``VLLM``),
+exposition has few of Strata's names: its own (``vllm:``) give the same figures (``VLLM``),
 prefix hits per tier from ``prompt_tokens_cached_by_source`` (HBM is vLLM's ``device``; the
-tiers are what Strata's connector reports each source as); it has no engine step accounting."""
+tiers are what Strata's connector reports each source as), and Strata's connector adds the step
+accounting (``strata_worker_engine_busy_seconds`` and the rest, ``worker/vllm/prom.py``)."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def parse_exposition(text: str) -> PodSample:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsError(f"not Prometheus text exposition: {exc}") from None
-    if not any(f.name.startswith(P) for f in families):
-        families = list(_as_strata(families))
+    if not any(f.name == KV_USAGE for f in families):  # a vLLM engine
+        families = [f for f in families if f.name.startswith(P)] + list(_as_strata(families))
     kv: float | None = None
     waiting: float | None = None
     buckets: dict[float, float] = {}

@@ -17,6 +17,7 @@ from strata.operator.autoscale.cachevalue import DELETION_COST
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
 from strata.operator.resolve import ROUTER_PORT, SERVER_PORT
 from strata.stack.kube import running_pods
+from strata.stack.wait import wait_for
 
 Pod = dict[str, Any]
 
@@ -29,7 +30,7 @@ def loopback_ip(pod: Pod) -> str:
     return ip
 
 
-def ready(pod: Pod) -> bool:
+def ready_pod(pod: Pod) -> bool:
     conditions = pod.get("status", {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
@@ -38,7 +39,7 @@ def router_url(cluster: Cluster, namespace: str, service: str) -> str | None:
     """The OpenAI base URL of a ready router pod of ``service`` that answers; None while none
     does. (A router scheduled onto a KWOK node is Ready but nothing listens at its IP.)"""
     routers = running_pods(cluster, namespace, service, names.router_selector_labels(service))
-    for pod in sorted((p for p in routers if ready(p)), key=lambda p: p["metadata"]["name"]):
+    for pod in sorted((p for p in routers if ready_pod(p)), key=lambda p: p["metadata"]["name"]):
         base = f"http://{loopback_ip(pod)}:{ROUTER_PORT}"
         if _answers(base + "/health"):
             return base + "/v1"
@@ -72,3 +73,44 @@ def deletion_cost(pod: Pod) -> int | None:
     """The ``pod-deletion-cost`` the autoscaler set before a scale-down; None if unset."""
     value = (pod["metadata"].get("annotations") or {}).get(DELETION_COST)
     return int(value) if value is not None else None
+
+
+# A container in one of these states will not start by waiting: the pod's wait fails at once.
+STUCK = ("CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+LOG_LINES = 20
+
+
+def stuck(cluster: Cluster, pod: Pod) -> str | None:
+    """Why a container of ``pod`` cannot start (its state's reason and message, and the last
+    lines its previous run printed), or None while every container is starting or running."""
+    status = pod.get("status") or {}
+    for entry in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (entry.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK:
+            name, meta = entry["name"], pod["metadata"]
+            log = cluster.container_log(meta["namespace"], meta["name"], name)  # the run that failed
+            tail = "\n".join(log.splitlines()[-LOG_LINES:])
+            why = f"{waiting['reason']}: {waiting.get('message', '')}"
+            return f"pod {meta['name']}, container {name}: {why}; its last lines:\n{tail}"
+    return None
+
+
+def ready_worker_pods(
+    cluster: Cluster, namespace: str, service: str, count: int, timeout_s: float
+) -> list[Pod]:
+    """``count`` Ready worker pods of ``service``; fails at once, naming the container and its
+    error, when a container of one of them cannot start (not after ``timeout_s``)."""
+
+    def ready() -> list[Pod] | None:
+        pods = worker_pods(cluster, namespace, service)
+        for pod in pods:
+            if (why := stuck(cluster, pod)) is not None:
+                raise PodStuck(why)
+        up = [p for p in pods if ready_pod(p)]
+        return up if len(up) >= count else None
+
+    return wait_for(ready, timeout_s, what=f"{count} Ready pods of {namespace}/{service}", interval_s=2)
+
+
+class PodStuck(AssertionError):
+    """A pod's container cannot start; the message names it and quotes its last log lines."""

@@ -19,18 +19,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
 from strata.cluster.podruntime.images import VLLM_ENV_VAR, VLLM_LOCAL_ENV, vllm_env_dir
 from strata.operator.render.vllm import serve_args
 from strata.stack.dataplane import stop, wait_ok
+from strata.stack.local import local_resources
+from strata.stack.manifests import inference_service
 from strata.worker.block_events import ENGINE_PATH, parse_line
 from strata.worker.config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "tools" / "vllm" / "install.sh"
+CHART_TIERS = REPO / "charts" / "strata" / "files" / "servicetiers"
 START_S = 1200.0  # vLLM's start on a loaded two-core machine (three processes import torch)
+VLLM_CPU_BLOCK = 32
+# The arguments a CPU test engine takes: no graph capture, the model in the engine core's process.
+LOCAL_ARGS = ["--enforce-eager", "--distributed-executor-backend=uni"]
 
 
 def ensure_vllm_env() -> Path:
@@ -120,3 +128,31 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
     stop(proc)
+
+
+def vllm_tier(name: str) -> dict[str, Any]:
+    """The chart's premium tier (write-through, NVMe surviving restarts) renamed, at priority 0
+    so its pods wait for room on the local node rather than preempt, every block admitted on
+    first sight (a single prompt shows each tier), no shared tier."""
+    manifest: dict[str, Any] = yaml.safe_load((CHART_TIERS / "premium.yaml").read_text())
+    manifest["metadata"] = {"name": name}
+    manifest["spec"]["priority"] = 0
+    for tier in ("dram", "nvme"):
+        manifest["spec"]["cache"][tier]["admission"] = "always"
+    manifest["spec"]["cache"]["nvme"]["admitAfterHits"] = 0
+    manifest["spec"]["cache"]["shared"]["enabled"] = False
+    return manifest
+
+
+def vllm_service(
+    name: str, tier: str, preset: str, cache: dict[str, Any], max_context: int = 4096, **spec: Any
+) -> dict[str, Any]:
+    """A vLLM service of a builtin test model on the local node's CPU: float32, blocks of 32
+    (vLLM's CPU attention takes no fewer), eager (no graph capture on the CPU), the engine core
+    running its model in-process (one process fewer to import torch)."""
+    manifest = inference_service(name, tier, resources=local_resources("500m", "6Gi"), cache=cache, **spec)
+    manifest["spec"]["model"] = {
+        "name": preset, "source": {"builtin": preset}, "dtype": "float32", "maxContextTokens": max_context,
+    }  # fmt: skip
+    manifest["spec"]["engine"] = {"kind": "vllm", "blockSize": VLLM_CPU_BLOCK, "vllm": {"args": LOCAL_ARGS}}
+    return manifest

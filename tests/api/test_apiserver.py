@@ -181,7 +181,7 @@ def wait_for_policy(api: Api) -> None:
 # ----------------------------------------------------------------------------- accepted and defaulted
 
 
-@pytest.mark.parametrize("name", ["minimal", "full", "gated"])
+@pytest.mark.parametrize("name", ["minimal", "full", "gated", "vllm-8b", "vllm-70b-tp4"])
 def test_example_services_are_accepted_and_defaulted_as_the_models_say(api: Api, name: str) -> None:
     manifest = example(f"inferenceservices/{name}.yaml")
     created = api.create_service(manifest["spec"], name=f"{name}-{unique()}")

@@ -44,7 +44,7 @@ def test_the_three_default_tiers_parse_and_are_ordered_by_priority_and_latency()
     assert [t.autoscaling.scale_to_zero for t in (premium, standard, batch)] == [False, False, True]
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "gated", "vllm-8b", "vllm-70b-tp4"])
 def test_example_services_parse_and_fit_their_tier(name: str) -> None:
     service = InferenceService.model_validate(load(EXAMPLES / "inferenceservices" / f"{name}.yaml"))
     tier = tiers()[service.spec.tier]

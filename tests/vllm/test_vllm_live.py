@@ -5,7 +5,8 @@ sidecar, as processes on loopback, launched with the flags the operator renders:
   keys the router computes for it (vLLM's own events, chained as Strata chains them);
 - the connector saved its blocks to the sidecar; a restarted engine (HBM empty) loads them from
   DRAM (vLLM counts them as external prefix-cache hits) and answers exactly as the cold run did;
-- a block corrupted in the sidecar's memory fails its checksum and is recomputed, never served.
+- a block corrupted in the sidecar's memory fails its checksum and is recomputed, never served;
+- the connector's step accounting shows in vLLM's /metrics, where the autoscaler reads it.
 
 One engine start per step; vLLM's start dominates (minutes on a loaded machine)."""
 
@@ -21,7 +22,7 @@ import pytest
 
 from strata.router.config import ModelConfig, RouterConfig, WorkersConfig
 from strata.router.intake import Intake
-from strata.stack.vllm import ensure_vllm_env, relayed_keys, running_sidecar, running_vllm
+from strata.stack.vllm import LOCAL_ARGS, ensure_vllm_env, relayed_keys, running_sidecar, running_vllm
 from strata.stack.wait import free_port, wait_for
 from strata.worker.config import WorkerConfig
 from strata.worker.models.presets import write_model
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 MODEL = "tiny"
 BLOCK = 32
 EVENTS_S = 60.0
+ARGS = LOCAL_ARGS
 
 
 def worker_config(tmp: Path, model_dir: Path) -> WorkerConfig:
@@ -103,19 +105,33 @@ def test_vllm_serves_from_the_sidecars_dram_after_a_restart_and_the_relay_shows_
     prompt = prompt_text()
     expected = router_keys(config, prompt)
     assert len(expected) == len(prompt.encode()) // BLOCK == 12
-    with running_vllm(env, config, path, free_port(), tmp / "vllm-1.log", "--enforce-eager") as engine:
+    with running_vllm(env, config, path, free_port(), tmp / "vllm-1.log", *ARGS) as engine:
         cold = complete(engine.url, prompt)
         in_hbm = "the relay to report the prompt's blocks in HBM"
         wait_for(lambda: set(expected) <= relayed_keys(sidecar) or None, EVENTS_S, what=in_hbm)
         again = complete(engine.url, prompt)
         assert counter(engine.url, "vllm:prefix_cache_hits_total") >= 11 * BLOCK
         assert again["choices"][0]["text"] == cold["choices"][0]["text"]
-    wait_for(
-        lambda: not relayed_keys(f"http://127.0.0.1:{setup['metrics']}") or None,
-        EVENTS_S,
-        what="HBM emptied with the engine",
-    )
-    with running_vllm(env, config, path, free_port(), tmp / "vllm-2.log", "--enforce-eager") as engine:
+    wait_for(lambda: not relayed_keys(sidecar) or None, EVENTS_S, what="HBM emptied with the engine")
+    with running_vllm(env, config, path, free_port(), tmp / "vllm-2.log", *ARGS) as engine:
         warm = complete(engine.url, prompt)
         assert counter(engine.url, "vllm:external_prefix_cache_hits_total") >= 11 * BLOCK
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        busy = counter(engine.url, "strata_worker_engine_busy_seconds_total")
+        assert (
+            busy > counter(engine.url, "strata_worker_tier_wait_seconds_total") > 0
+        )  # the connector's accounting
+    scramble(config)  # every DRAM block's bytes, under the sidecar, as a failing DIMM would
+    corrupt = counter(sidecar, "strata_kvtier_corrupt_blocks_total")
+    with running_vllm(env, config, path, free_port(), tmp / "vllm-3.log", *ARGS) as engine:
+        recomputed = complete(engine.url, prompt)
+    assert recomputed["choices"][0]["text"] == cold["choices"][0]["text"]  # garbage KV would not answer so
+    assert counter(sidecar, "strata_kvtier_corrupt_blocks_total") > corrupt
+
+
+def scramble(config: WorkerConfig) -> None:
+    """Overwrite the DRAM tier's slot file (the sidecar maps it shared: it sees the new bytes)."""
+    path = Path(config.kvtier.dram.shm_path)
+    size = path.stat().st_size
+    with path.open("r+b") as slots:
+        slots.write(bytes(range(256)) * (min(size, 64 << 20) // 256))

@@ -23,6 +23,10 @@
 #   6. the KV tiers' benchmark on the GPU (`python -m bench kvtier_device`: the DRAM tier's put
 #      and get of GPU blocks against the copy engine's own rate, and TTFT cold and from HBM,
 #      DRAM and NVMe with the engine on the GPU), kvtier_device.json.
+#   7. whether vLLM is there to run Strata's connector on the GPU (python -m bench vllm needs it,
+#      and the test control plane's binaries): the image holds no vLLM and its wheels (hundreds
+#      of MB) do not fit the 64 MiB a call carries, so this step records the import's error; it
+#      does not count as a failure.
 # A step that fails is reported and the next one runs; the exit status is the first failure's.
 # STRATA_DEVICE_CHECK=cpu runs the same steps on the CPU, to try the script where there is no GPU.
 set -uo pipefail
@@ -69,4 +73,7 @@ step worker-bench 150 python3 -m bench worker
 cp bench/results/worker.json "$OUT/" 2>/dev/null
 step kvtier-device-bench 150 python3 -m bench kvtier_device
 cp bench/results/kvtier_device.json "$OUT/" 2>/dev/null
+saved=$failed
+step vllm-import 60 python3 -c 'import vllm; print("vllm", vllm.__version__)'
+failed=$saved
 exit "$failed"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,10 +44,12 @@ from strata.worker.tokenizer import load_tokenizer
 from strata.worker.vllm import plan as plans
 from strata.worker.vllm.keys import rank_key, rank_ref, vllm_root
 from strata.worker.vllm.layout import CacheGeometry, PagedCache, UnsupportedLayout, paged_cache
+from strata.worker.vllm.prom import StrataPromMetrics, StrataStats
 from strata.worker.vllm.staging import Staging
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -88,6 +91,8 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.staging: Staging | None = None
         self.rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
         self.load_errors: set[int] = set()
+        self.stats = StrataStats()
+        self.step_started: float | None = None
         if self.off:
             log.warning("strata connector off: %s", self.off)
         elif role == KVConnectorRole.SCHEDULER:
@@ -132,6 +137,8 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         scheduled = [*_new(scheduler_output), *_cached(scheduler_output)]
         known = [s for s in scheduled if s.request_id in self.requests]
         plan = self.blocks.step(known, lambda rid: self.requests[rid].all_token_ids)
+        plan.tokens = scheduler_output.total_num_scheduled_tokens
+        plan.prefill = any(s.computed_before < self.requests[s.request_id].num_prompt_tokens for s in known)
         return StrataMetadata(plan)
 
     def on_new_request(self, request: Request) -> None:
@@ -194,12 +201,14 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )  # fmt: skip
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self.step_started = time.perf_counter()
         if self.staging is None or not self.has_connector_metadata():
             return
         for load in self._plan().loads:
             keys = [rank_key(k, self.rank) for k in load.keys]
             got = self.staging.load(keys, load.block_ids)
             self.load_errors.update(load.block_ids[got:])
+        self.stats.add("load_s", time.perf_counter() - self.step_started)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -212,8 +221,36 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def wait_for_save(self) -> None:
         if self.staging is None or not self.has_connector_metadata():
             return
-        for save in self._plan().saves:
+        plan, started = self._plan(), time.perf_counter()
+        for save in plan.saves:
             self.staging.save([rank_ref(r, self.rank) for r in save.refs], save.block_ids)
+        ended = time.perf_counter()
+        self.stats.add("save_s", ended - started)
+        if plan.tokens and self.step_started is not None:
+            self.stats.add("busy_s", ended - self.step_started)
+            if plan.prefill:
+                self.stats.add("prefill_busy_s", ended - self.step_started)
+        self.step_started = None
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self.stats.is_empty():
+            return None
+        stats, self.stats = self.stats, StrataStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return StrataStats(data=dict(data)) if data else StrataStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return StrataPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self.load_errors = self.load_errors, set()

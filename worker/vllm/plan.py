@@ -41,6 +41,8 @@ class BlockSave:
 class StepPlan:
     loads: list[BlockLoad] = field(default_factory=list)
     saves: list[BlockSave] = field(default_factory=list)
+    tokens: int = 0  # tokens the step computes (0: an empty step)
+    prefill: bool = False  # some of them prompt tokens
 
 
 @dataclass(frozen=True)
