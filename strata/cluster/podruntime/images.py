@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,13 @@ class ImageUnavailable(Exception):
 class Images:
     base: dict[str, str]  # every container's environment (host.image_env)
     vllm_env: Path  # the vLLM environment's prefix (bin/vllm inside)
+    venv: Path = Path(sys.prefix)  # the project's virtualenv: every other image's
+
+    def directories(self, image: str) -> list[Path]:
+        """The environment ``image`` runs from, to be mounted where it is (read-only) over the
+        pod's own volumes: a checkout under /tmp keeps its virtualenv visible in a container
+        that mounts a volume at /tmp."""
+        return [self.vllm_env if is_vllm(image) else self.venv]
 
     def env(self, image: str) -> dict[str, str]:
         """The environment ``image`` starts from; raises ImageUnavailable where it is not built."""

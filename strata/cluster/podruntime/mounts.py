@@ -9,7 +9,7 @@ container's private mount namespace, so the container sees the paths its spec na
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +95,12 @@ def container_mounts(
         target = posixpath.normpath(mount.mount_path)
         mounts.append(Mount(posixpath.join(source, sub) if sub else source, target, read_only, bool(sub)))
     return mounts
+
+
+def environment_mounts(directories: Sequence[Path]) -> list[Mount]:
+    """The image's environment where it is, read-only, after the pod's volumes (a mount is made
+    after those of shorter paths): a volume at /tmp does not hide a virtualenv under /tmp."""
+    return [Mount(str(d), str(d), read_only=True) for d in directories]
 
 
 def image_mount(repo_root: str) -> Mount:

@@ -174,6 +174,10 @@ class PodWorker:
             mounts = [
                 image_mount(str(self.host.repo_root)),
                 *container_mounts(self.pod, container, self.dirs, env, self.claims or {}),
+                *(
+                    Mount(str(d), str(d), read_only=True)
+                    for d in self.host.images.directories(container.image)
+                ),
             ]
             _make_sub_paths(mounts)
         except (envs.ContainerConfigError, ImageUnavailable, ApiError, KeyError, OSError) as error:
