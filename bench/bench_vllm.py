@@ -1,19 +1,21 @@
 """``python -m bench vllm``: vLLM behind an InferenceService, on a control plane of its own whose
-local node runs the pods for real (vLLM's CPU build, ``make vllm-env``; the ``hf-medium`` model,
-56M parameters in float32, large enough that a 4k-token prefill dominates a request here).
+local node runs the pods for real (vLLM's CPU build, ``make vllm-env``).
 
-- ``ttft_s``: one vLLM pod with Strata's sidecar (the premium tier's write-through to NVMe), one
-  prompt of ``PROMPT_TOKENS`` tokens: cold; again (vLLM's own prefix cache); after the engine
-  container was SIGKILLed and restarted (HBM gone: Strata's DRAM); after the pod was deleted and
-  its StatefulSet made a new one (DRAM gone: NVMe). Every row's output at temperature 0 is
-  compared with the cold run's.
-- ``routing``: two vLLM pods (HBM only, each holding about a quarter of the slice's distinct
-  prefix blocks) behind the router, its cache-aware policy against round-robin, on a slice of the
-  Mooncake conversation trace, each policy with tokens of its own (no cache carried over):
-  cached prompt tokens as vLLM reported them in its answers, what the router predicted they would
-  be, and client TTFT p50/p90. The router is a process here with the router.yaml the operator
-  rendered for the service, sent to the pods' addresses (the local node has no cores to spare
-  for two router pods), once per policy.
+- ``ttft_s``: one vLLM pod of the ``hf-medium`` model (51M parameters in float32: a 4k-token
+  prefill dominates a request here) with Strata's sidecar (the premium tier's write-through to
+  NVMe), one prompt of ``PROMPT_TOKENS`` tokens: cold; again (vLLM's own prefix cache); after
+  the engine container was SIGKILLed and restarted (HBM gone: Strata's DRAM); after the pod was
+  deleted and its StatefulSet made a new one (DRAM gone: NVMe). Every row's output at
+  temperature 0 is compared with the cold run's.
+- ``routing``: two vLLM pods (``hf-small``, HBM only, each holding about a quarter of the
+  slice's distinct prefix blocks) behind the router, its cache-aware policy against round-robin,
+  on a slice of the Mooncake conversation trace, each policy with tokens of its own (no cache
+  carried over): cached prompt tokens as vLLM reported them in its answers, what the router
+  predicted they would be, and client TTFT p50/p90. The router is a process here with the
+  router.yaml the operator rendered for the service, sent to the pods' addresses (the local node
+  has no cores to spare for two router pods), once per policy.
+- ``offloading_connector``: vLLM's own CPU offloading in place of Strata's connector, where it
+  runs; where it does not, its error.
 """
 
 from __future__ import annotations
@@ -53,18 +55,21 @@ from strata.stack.vllm import (
 )
 from strata.stack.wait import free_port, wait_for
 from strata.worker.config import WorkerConfig
-from strata.worker.models.presets import write_model
+from strata.worker.models.presets import PRESETS, write_model
 
 MODEL = "hf-medium"
 NAMESPACE, TIER = "default", "bench-vllm"
 PROMPT_TOKENS = 4608  # 144 blocks of 32
 READY_S = 1800.0  # a vLLM pod's start on a loaded two-core machine
 COMMITTED_S = 300.0
-KV_BYTES_PER_TOKEN = 2 * 8 * 4 * 64 * 4  # hf-medium: 2 x 8 layers x 4 KV heads x 64 head dim x 4 bytes
-SLICE = 160  # trace records routed (the first of the conversation trace)
-SHAPE = Scaling(
-    block_tokens=VLLM_CPU_BLOCK, max_prompt_tokens=1024, max_output_tokens=4, time_compression=1e6
-)
+# The routed slice: the conversation trace's first records, one trace block (512 tokens) a vLLM
+# block, prompts of at most 12 of them, all sent at once and CONCURRENCY at a time (the trace's
+# order, not its pace), to a smaller model so that a slice with real reuse runs in minutes.
+# The routing simulator (bench/routing_sim.py) gives the strata policy 1.40x round-robin's hit
+# ratio on this slice at these capacities, 1.03x on the first 160 records.
+SLICE = 1600
+SHAPE = Scaling(block_tokens=VLLM_CPU_BLOCK, max_prompt_tokens=384, max_output_tokens=4, time_compression=1e6)
+ROUTING_MODEL = "hf-small"
 CONCURRENCY = 4
 POLICIES = ("round-robin", "strata")
 SYNC_S = 180.0
@@ -201,13 +206,15 @@ def last_error(log: str) -> str:
 def routing_rows(cluster: Cluster, root: Path) -> dict[str, Any]:
     records = read_trace(traces_dir() / "mooncake_conversation.jsonl", count=SLICE)
     distinct = distinct_blocks(timed_requests(records, SHAPE))
-    hbm = distinct // 4 * VLLM_CPU_BLOCK * KV_BYTES_PER_TOKEN
+    hbm = distinct // 4 * VLLM_CPU_BLOCK * kv_bytes_per_token(ROUTING_MODEL)
     # vLLM's cache must hold one whole context: the routed prompts' longest
-    spec = vllm_service("route", TIER, MODEL, {"hbm": str(hbm), "dram": "0", "nvme": "0"}, max_context=1024)
+    spec = vllm_service(
+        "route", TIER, ROUTING_MODEL, {"hbm": str(hbm), "dram": "0", "nvme": "0"}, max_context=1024
+    )
     spec["spec"].update(replicas=2, minReplicas=2, maxReplicas=2)
     cluster.apply(spec, NAMESPACE)
     pods = ready_pods(cluster, "route", 2)
-    config = router_yaml(cluster, pods, write_model(root / "model", MODEL))
+    config = router_yaml(cluster, pods, write_model(root / "model", ROUTING_MODEL))
     out: dict[str, Any] = {"distinct_prefix_blocks": distinct, "hbm_blocks_per_pod": distinct // 4}
     for seed, policy in enumerate(POLICIES, 1):
         requests = timed_requests(records, dataclasses.replace(SHAPE, seed=seed))
@@ -219,6 +226,12 @@ def routing_rows(cluster: Cluster, root: Path) -> dict[str, Any]:
         abs(strata["predicted_cached_tokens"] / max(1, strata["cached_tokens"]) - 1), 4
     )
     return out
+
+
+def kv_bytes_per_token(preset: str) -> int:
+    """A float32 test model's KV bytes a token: 2 x layers x KV heads x head dim x 4."""
+    config = PRESETS[preset]
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
 
 
 def distinct_blocks(requests: list[TimedRequest]) -> int:
@@ -260,7 +273,7 @@ async def _replay(router: RouterProcess, requests: list[TimedRequest]) -> list[O
         base_url=router.base_url + "/v1", api_key="unused", max_retries=0, timeout=1200
     )
     try:
-        return await replay(client, MODEL, requests, max_in_flight=CONCURRENCY)
+        return await replay(client, ROUTING_MODEL, requests, max_in_flight=CONCURRENCY)
     finally:
         await client.close()
 

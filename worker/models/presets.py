@@ -3,8 +3,9 @@
 ``tiny`` keeps unit tests fast; ``small`` makes prefill of a few thousand tokens cost real CPU
 time (so cache hits are measurable) and allows 32k-token contexts (the KV-tier benchmark uses
 16k prompts). The ``hf-`` presets also write the byte tokenizer as Hugging Face files
-(``byte_bpe``), so vLLM serves them too: ``hf-tiny`` for tests, ``hf-medium`` (56M parameters)
-where prefill must dominate a request on the CPU. The same preset and seed always write
+(``byte_bpe``), so vLLM serves them too: ``hf-tiny`` for tests, ``hf-small`` (3M parameters)
+where many requests must run, ``hf-medium`` (51M) where prefill must dominate a request on the
+CPU. The same preset and seed always write
 byte-identical files.
 """
 
@@ -59,6 +60,18 @@ PRESETS: dict[str, DecoderConfig] = {
         num_key_value_heads=1,
         head_dim=64,
         max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        eos_token_ids=(BYTE_EOS_ID,),
+    ),
+    "hf-small": DecoderConfig(
+        vocab_size=BYTE_VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=8192,
         rms_norm_eps=1e-5,
         eos_token_ids=(BYTE_EOS_ID,),
     ),
