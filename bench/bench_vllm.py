@@ -179,7 +179,7 @@ def offloading_row(root: Path) -> dict[str, Any]:
     })  # fmt: skip
     (root / "off.yaml").write_text(config.to_yaml())
     offload = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-               "kv_connector_extra_config": {"num_cpu_blocks": 1024}}  # fmt: skip
+               "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30}}  # fmt: skip
     args = [*LOCAL_ARGS, f"--kv-transfer-config={json.dumps(offload)}"]
     prompt, log = dataplane.long_prompt(PROMPT_TOKENS), root / "offloading.log"
     try:
@@ -194,10 +194,12 @@ def offloading_row(root: Path) -> dict[str, Any]:
 
 
 def last_error(log: str) -> str:
-    """The line that says why vLLM stopped: the last exception's, else the last line."""
+    """The line that says why vLLM stopped: its root cause where vLLM names one (a worker's
+    error), else the first exception's, else the last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line and ":" in line]
-    return (errors or lines or ["no output"])[-1][-500:]
+    roots = [line for line in lines if "Worker failed with error" in line]
+    errors = [line for line in lines if "Error:" in line]
+    return (roots or errors[:1] or lines[-1:] or ["no output"])[0][-500:]
 
 
 # ------------------------------------------------------------------------------------- routing
