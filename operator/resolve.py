@@ -233,7 +233,6 @@ def _worker_config(
         ),
         kvtier=_kvtier_config(isvc, tier, dram, nvme),
         cache_namespace=salt,
-        service_tier=tier.metadata.get("name", spec.tier),
     )
 
 

@@ -199,7 +199,6 @@ class WorkerConfig(_Strict):
         min_length=1,
         description="Tenant salt mixed into every block hash, so no tier serves one tenant's KV to another.",
     )
-    service_tier: str = Field("standard", description="ServiceTier name, for metrics labels.")
 
     @model_validator(mode="after")
     def _ports_differ(self) -> WorkerConfig:
