@@ -15,7 +15,7 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
-from strata.router.choose import Tier
+from strata.common.tiers import LOCAL_TIERS, LOWER_TIERS, TIERS, Tier
 from strata.worker.block_events import Event
 
 SOURCES = ("worker", "sidecar")
@@ -26,7 +26,7 @@ FRESH_S = 5.0  # record entries this young count even while the streams are sync
 # the connections).
 FOLLOWED_BYTES_PER_KEY = 160
 FOLLOWED_SHARE = 0.5
-SOURCE_TIERS: dict[str, tuple[Tier, ...]] = {"worker": ("hbm",), "sidecar": ("dram", "nvme", "shared")}
+SOURCE_TIERS: dict[str, tuple[Tier, ...]] = {"worker": ("hbm",), "sidecar": LOWER_TIERS}
 
 
 class SharedPool:
@@ -105,7 +105,7 @@ class BlockView:
     def __init__(self, shared: SharedPool, record_blocks: int, budget: FollowBudget | None = None) -> None:
         self.shared = shared
         self.budget = budget or FollowBudget()
-        self.held: dict[str, set[bytes]] = {t: set() for t in ("hbm", "dram", "nvme", "shared")}
+        self.held: dict[str, set[bytes]] = {t: set() for t in TIERS}
         self.synced = dict.fromkeys(SOURCES, False)
         self._syncing: dict[str, bool] = dict.fromkeys(SOURCES, False)
         self.record: OrderedDict[Hashable, float] = OrderedDict()  # block -> when routed
@@ -195,7 +195,7 @@ class BlockView:
         return found
 
     def _tier_of(self, key: Hashable, since: float) -> Tier | None:
-        for tier in ("hbm", "dram", "nvme"):
+        for tier in LOCAL_TIERS:
             if key in self.held[tier]:
                 return tier
         if key in self.shared:

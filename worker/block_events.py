@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata.common.tiers import TIERS
+
 PATH = "/kv/events"
 HEARTBEAT_S = 1.0
 MAX_BACKLOG = 1 << 18
@@ -37,7 +39,6 @@ LINE_BLOCKS = 1024  # most hashes per line (~36 KB), so a follower's line buffer
 # Snapshot lines a writer takes per wake-up (64k keys, ~2.3 MB): a sidecar's tiers of millions
 # of blocks are sent in pieces, not first turned into one list of lines (hundreds of MB).
 SNAPSHOT_LINES = 64
-TIERS = ("hbm", "dram", "nvme", "shared")
 
 Change = tuple[str, str, bytes]  # (stored | removed, tier, block hash)
 

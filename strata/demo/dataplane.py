@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-TIERS = ("hbm", "dram", "nvme", "shared")
+from strata.common.tiers import TIERS
 
 
 def long_prompt(tokens: int) -> str:
@@ -43,7 +43,7 @@ def time_to_first_token(api: str, model: str, prompt: str) -> float:
 
 def per_tier(metrics: str, name: str) -> dict[str, float]:
     """The samples of metric family ``name`` by their ``tier`` label (0 for a tier not shown)."""
-    values = dict.fromkeys(TIERS, 0.0)
+    values: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     for line in metrics.splitlines():
         if line.startswith(name + "{") and 'tier="' in line:
             tier = line.split('tier="', 1)[1].split('"', 1)[0]

@@ -22,13 +22,12 @@ worker's synchronous ``KVConnector.load`` does. A client sees the first token
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-LowerTier = Literal["dram", "nvme", "shared"]
-LOWER_TIERS: tuple[LowerTier, ...] = ("dram", "nvme", "shared")
+from strata.common.tiers import LowerTier
+
 GB = 1e9
 
 

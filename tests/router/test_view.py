@@ -3,7 +3,7 @@ down, shared-tier blocks pooled across endpoints, lower-tier keys within one fol
 
 from __future__ import annotations
 
-from strata.router.choose import Tier
+from strata.common.tiers import Tier
 from strata.router.view import (
     FOLLOWED_BYTES_PER_KEY,
     BlockView,

@@ -1,0 +1,9 @@
+"""What the planes share: the facts and the wire formats that the operator, the router and the
+worker must agree on, each defined once here.
+
+- ``tiers``: the KV cache tiers' names, fastest first.
+- ``blocks``: the KV block and the page its slots are aligned to.
+
+Torch-free, and free of any plane: the operator, the router and the worker import this package,
+and it imports none of them.
+"""
