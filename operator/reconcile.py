@@ -17,11 +17,12 @@ from typing import Any
 
 import aiohttp
 
+from strata.common.endpoints import WORKER_PORT
 from strata.operator import names
 from strata.operator.api import ACCEPTED, DEGRADED, READY
 from strata.operator.children import Applier
 from strata.operator.kube import KubeError, Obj
-from strata.operator.resolve import SERVER_PORT, ResolveInput, SpecRejected, resolve
+from strata.operator.resolve import ResolveInput, SpecRejected, resolve
 from strata.operator.status import Observed, compute_status, stamp_condition, status_changed
 from strata.operator.views import IndexViews, ServiceKey
 
@@ -147,7 +148,7 @@ class Reconciler:
             tier=tier_name,
             min_replicas=int(spec.get("minReplicas", 1)),
             desired_replicas=plan.replicas if plan else None,
-            endpoint=f"http://{names.client_service_name(meta['name'])}.{meta['namespace']}.svc:{SERVER_PORT}",
+            endpoint=f"http://{names.client_service_name(meta['name'])}.{meta['namespace']}.svc:{WORKER_PORT}",
             workload=workload,
             rejected=rejected,
             error=error,

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from strata.common.endpoints import ROUTER_PORT, SIDECAR_PORT, WORKER_PORT
 from strata.operator import names
 from strata.operator.api import (
     InferenceService,
@@ -41,13 +42,10 @@ from strata.worker.kvtier.budget import asked_blocks, needed_bytes
 from strata.worker.tokenizer import BYTE_VOCAB_SIZE
 
 MODEL_DIR = "/models"
-SERVER_PORT = 8000
-KV_METRICS_PORT = 8001
 # How long a draining worker waits for its longest generation, on top of its queue timeout: a
 # long answer (thousands of tokens) on a busy GPU. The pod's grace period is derived from it.
 GENERATION_BUDGET_S = 120.0
 MIB = 2**20
-ROUTER_PORT = 8000  # the router pods' own IPs: the same port the clients always used
 # The KV-tier sidecar's memory beside the DRAM tier's and the staging slots' pages: the
 # interpreter, connections, and the admission policies' sketches (at most 64 MiB each).
 SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
@@ -227,7 +225,7 @@ def _worker_config(
         ),
         engine=engine,
         server=ServerConfig(
-            port=SERVER_PORT,
+            port=WORKER_PORT,
             drain_timeout_s=engine.queue_timeout_s + GENERATION_BUDGET_S,
             ttft_slo_s=tier.spec.slo.ttft_p95_ms / 1000,
         ),
@@ -255,7 +253,7 @@ def _kvtier_config(isvc: InferenceService, tier: ServiceTier, dram: int, nvme: i
         write_mode=policy.write_mode,
         retention_s=float(policy.retention_seconds) if policy.retention_seconds else None,
         priority=tier.spec.priority,
-        metrics_port=KV_METRICS_PORT,
+        metrics_port=SIDECAR_PORT,
         pinned_prefixes=list(spec.cache.pinned_prefixes or []),
     )
     return kvtier.model_copy(update={"memory_bytes": sidecar_memory_bytes(kvtier, kv_block_bytes(isvc))})

@@ -9,6 +9,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from strata.common.blocks import BLOCK_SIZE
+from strata.common.endpoints import SIDECAR_PORT, WORKER_PORT
 from strata.router.weights import DEFAULT_WEIGHTS, TierWeights
 from strata.worker.config import dump_yaml
 
@@ -36,12 +38,17 @@ class WorkersConfig(_Strict):
     static: list[str] = Field(
         default_factory=list, description="Fixed worker base URLs (http://host:port); replaces discovery."
     )
-    port: int = Field(8000, ge=1, le=65535, description="The workers' HTTP port (OpenAI API, /kv/events).")
+    port: int = Field(
+        WORKER_PORT, ge=1, le=65535, description="The workers' HTTP port (OpenAI API, /kv/events)."
+    )
     step_tokens: int = Field(
         2048, ge=1, description="The workers' max_batched_tokens: prompt tokens one engine step prefills."
     )
     kv_events_port: int | None = Field(
-        8001, ge=1, le=65535, description="The KV-tier sidecars' metrics port (/kv/events); None: no sidecar."
+        SIDECAR_PORT,
+        ge=1,
+        le=65535,
+        description="The KV-tier sidecars' metrics port (/kv/events); None: no sidecar.",
     )
 
 
@@ -133,7 +140,7 @@ class RoutingConfig(_Strict):
 
 class RouterConfig(_Strict):
     model: ModelConfig
-    block_size: int = Field(16, ge=1, le=1024, description="The workers' KV block size (tokens).")
+    block_size: int = Field(BLOCK_SIZE, ge=1, le=1024, description="The workers' KV block size (tokens).")
     cache_namespace: str = Field("default", min_length=1, description="The workers' block-hash salt.")
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)

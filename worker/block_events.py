@@ -32,7 +32,6 @@ from typing import Any
 
 from strata.common.tiers import TIERS
 
-PATH = "/kv/events"
 HEARTBEAT_S = 1.0
 MAX_BACKLOG = 1 << 18
 LINE_BLOCKS = 1024  # most hashes per line (~36 KB), so a follower's line buffer stays small

@@ -14,6 +14,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from strata.common.blocks import BLOCK_SIZE
+from strata.common.endpoints import SIDECAR_PORT, WORKER_PORT
+
 # After server.drain_timeout_s the requests still running are cut off; the worker (and then the
 # KV-tier sidecar) exits within this many seconds more. The pod's grace period covers both.
 DRAIN_CUTOFF_S = 10.0
@@ -61,7 +64,7 @@ class ModelConfig(_Strict):
 
 class EngineConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` picks CUDA when present.")
-    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
+    block_size: int = Field(BLOCK_SIZE, ge=1, le=1024, description="Tokens per KV-cache block.")
     num_gpu_blocks: int | None = Field(
         None, ge=1, description="KV blocks in device memory; None sizes it from `kv_memory_fraction`."
     )
@@ -94,7 +97,9 @@ class EngineConfig(_Strict):
 
 class ServerConfig(_Strict):
     host: str = "0.0.0.0"
-    port: int = Field(8000, ge=1, le=65535, description="HTTP port: OpenAI API, /health, /ready, /metrics.")
+    port: int = Field(
+        WORKER_PORT, ge=1, le=65535, description="HTTP port: OpenAI API, /health, /ready, /metrics."
+    )
     drain_timeout_s: float = Field(
         150.0,
         gt=0,
@@ -174,7 +179,9 @@ class KVTierConfig(_Strict):
     lookahead_requests: int = Field(
         64, ge=0, le=256, description="Queued requests whose blocks the tiers keep and move up; 0: none."
     )
-    metrics_port: int = Field(8001, ge=1, le=65535, description="Port of the sidecar's /metrics and /health.")
+    metrics_port: int = Field(
+        SIDECAR_PORT, ge=1, le=65535, description="Port of the sidecar's /metrics and /health."
+    )
     gpu_checksums: bool = Field(
         True,
         description="On a CUDA engine the GPU computes the blocks' checksums (Triton), where it can; "

@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from strata.common.blocks import BLOCK_SIZE
 from strata.operator.api.base import DNS_1035_LABEL, DNS_LABEL, DNS_SUBDOMAIN, ApiModel, exactly_one
 from strata.operator.api.cel import immutable, one_of, rule, rules, size_le
 from strata.operator.api.pod import PodOverrides
@@ -217,7 +218,7 @@ class EngineSpec(ApiModel):
     image: str | None = Field(
         None, max_length=512, description="Worker container image; unset uses the operator's default image."
     )
-    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block (tokens).")
+    block_size: int = Field(BLOCK_SIZE, ge=1, le=1024, description="Tokens per KV-cache block (tokens).")
     max_num_seqs: int = Field(64, ge=1, le=4096, description="Most sequences in one batch (sequences).")
     max_batched_tokens: int = Field(
         2048, ge=16, le=1048576, description="Token budget per scheduler step, for chunked prefill (tokens)."

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from strata.common.endpoints import WORKER_PORT
 from strata.operator import names
 from strata.operator.autoscale import modelsize, wake
 from strata.operator.autoscale.backoff import REPORT_AFTER, ScrapeBackoff
@@ -52,7 +53,6 @@ from strata.operator.autoscale.telemetry import Telemetry
 from strata.operator.events import EventSink
 from strata.operator.kube import KubeClient, KubeError, Obj, object_path
 from strata.operator.replicas import desired_replicas
-from strata.operator.resolve import SERVER_PORT
 from strata.operator.views import IndexViews, PodRef
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ class Autoscaler:
         return {uid: sample for uid, sample in results if sample is not None}
 
     async def _scrape(self, pod: PodRef) -> tuple[str, PodSample | None]:
-        url = metrics_url(pod.ip, SERVER_PORT)
+        url = metrics_url(pod.ip, WORKER_PORT)
         text = await self._get_text(url)
         try:
             sample = parse_exposition(text) if text is not None else None

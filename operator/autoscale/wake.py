@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.common.endpoints import ROUTER_PORT
 from strata.operator.autoscale.decide import History, Policy, backlog
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.autoscale.pods import metrics_url
 from strata.operator.events import EventSink
 from strata.operator.replicas import desired_replicas
-from strata.operator.resolve import ROUTER_PORT
 from strata.operator.views import IndexViews
 from strata.router.metrics import HELD
 
