@@ -23,6 +23,7 @@ import kopf
 from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 
 from strata.operator import names, slimwatch
+from strata.operator.api.models import InferenceServiceSpec
 from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.child_events import child_action
 from strata.operator.events import kopf_sink
@@ -211,7 +212,7 @@ async def service_bodies(
 async def services_by_tier(
     *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
 ) -> dict[str, ServiceKey]:
-    return {str(spec.get("tier", "standard")): (namespace or "", name)}
+    return {InferenceServiceSpec.tier_of(spec): (namespace or "", name)}
 
 
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)

@@ -20,6 +20,7 @@ import aiohttp
 from strata.common.endpoints import WORKER_PORT
 from strata.operator import names
 from strata.operator.api import ACCEPTED, DEGRADED, READY
+from strata.operator.api.models import InferenceServiceSpec
 from strata.operator.children import Applier
 from strata.operator.kube import KubeError, Obj
 from strata.operator.resolve import ResolveInput, SpecRejected, resolve
@@ -113,7 +114,7 @@ class Reconciler:
         seen = Observed(
             name=key[1],
             generation=int(isvc["metadata"].get("generation", 1)),
-            tier=str(spec.get("tier", "standard")),
+            tier=InferenceServiceSpec.tier_of(spec),
             min_replicas=int(spec.get("minReplicas", 1)),
             desired_replicas=None,  # the workload's own: this process applied it
             endpoint=status.get("endpoint"),
@@ -125,7 +126,7 @@ class Reconciler:
 
     async def _reconcile(self, isvc: Mapping[str, Any]) -> str:
         meta, spec = isvc["metadata"], isvc.get("spec", {})
-        tier_name = str(spec.get("tier", "standard"))
+        tier_name = InferenceServiceSpec.tier_of(spec)
         tier = self.views.tier(tier_name)
         rejected: tuple[str, str] | None = None
         error: str | None = None

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from strata.common.blocks import BLOCK_SIZE
 from strata.common.endpoints import SIDECAR_PORT, WORKER_PORT
+from strata.common.hold import HOLD_MAX_REQUESTS, HOLD_TIMEOUT_S
 from strata.router.weights import DEFAULT_WEIGHTS, TierWeights
 from strata.worker.config import dump_yaml
 
@@ -77,11 +78,6 @@ class QueueConfig(_Strict):
         30.0, gt=0, description="A request that would wait longer gets 429 with Retry-After (the tier's)."
     )
     max_len: int = Field(1024, ge=0, description="Waiting requests beyond this get 429 at once.")
-
-
-# The defaults of a ServiceTier's spec.routing.holdMaxRequests / holdTimeoutSeconds too.
-HOLD_MAX_REQUESTS = 256
-HOLD_TIMEOUT_S = 300
 
 
 class HoldConfig(_Strict):

@@ -23,6 +23,7 @@ import aiohttp
 
 from strata.common.endpoints import WORKER_PORT
 from strata.operator import names
+from strata.operator.api.models import InferenceServiceSpec
 from strata.operator.autoscale import modelsize, wake
 from strata.operator.autoscale.backoff import REPORT_AFTER, ScrapeBackoff
 from strata.operator.autoscale.bottleneck import Diagnosis, diagnose
@@ -463,7 +464,7 @@ def _key(isvc: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _tier_name(isvc: Mapping[str, Any]) -> str:
-    return str((isvc.get("spec") or {}).get("tier", "standard"))
+    return InferenceServiceSpec.tier_of(isvc.get("spec"))
 
 
 def _rfc3339(when: datetime) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from strata.common.endpoints import ROUTER_PORT
+from strata.operator.api.models import InferenceServiceSpec
 from strata.operator.autoscale.decide import History, Policy, backlog
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.autoscale.pods import metrics_url
@@ -121,7 +122,7 @@ async def wake(scaler: Scaler, isvc: Mapping[str, Any], uid: str) -> bool:
 
 def _policy(scaler: Scaler, spec: Mapping[str, Any]) -> Policy | None:
     """The service's tier policy; None when the tier is missing or invalid (then one replica)."""
-    tier = scaler.views.tier(str(spec.get("tier", "standard")))
+    tier = scaler.views.tier(InferenceServiceSpec.tier_of(spec))
     try:
         return Policy.of(tier.get("spec"), spec) if tier is not None else None
     except ValueError:

@@ -4,6 +4,8 @@ worker must agree on, each defined once here.
 - ``tiers``: the KV cache tiers' names, fastest first.
 - ``blocks``: the KV block's default size and the page its slots are aligned to.
 - ``endpoints``: the ports and HTTP paths the planes reach each other on.
+- ``apigroup``: the Strata API's group and version.
+- ``hold``: how many requests, and how long, a router holds while its service has no replica.
 
 Torch-free, and free of any plane: the operator, the router and the worker import this package,
 and it imports none of them.
