@@ -6,6 +6,8 @@ worker must agree on, each defined once here.
 - ``endpoints``: the ports and HTTP paths the planes reach each other on.
 - ``apigroup``: the Strata API's group and version.
 - ``hold``: how many requests, and how long, a router holds while its service has no replica.
+- ``logs``: the JSON log lines, and the request id that joins one request's lines.
+- ``openai``: the OpenAI-compatible API the worker serves and the router fronts.
 
 Torch-free, and free of any plane: the operator, the router and the worker import this package,
 and it imports none of them.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from strata.worker import logs
+from strata.common import logs
 from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
 from strata.worker.kvtier import allocator
 

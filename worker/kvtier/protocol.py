@@ -13,7 +13,7 @@ import socket
 import struct
 from typing import Any
 
-from strata.worker.logs import REQUEST_ID
+from strata.common.logs import REQUEST_ID
 
 MAX_FRAME = 64 * 2**20
 # The routers' look-ahead, over HTTP on the metrics port (``announced``, at
