@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from strata.common.endpoints import ROUTER_PORT, SIDECAR_PORT, WORKER_PORT
+from strata.common.kvbudget import KVTIER_STAGING_BYTES, asked_blocks, needed_bytes
 from strata.operator import names
 from strata.operator.api import (
     InferenceService,
@@ -28,7 +29,6 @@ from strata.router.config import HoldConfig, PriorityConfig, QueueConfig, Router
 from strata.router.config import ModelConfig as RouterModel
 from strata.router.view import memory_to_follow
 from strata.worker.config import (
-    KVTIER_STAGING_BYTES,
     DramTierConfig,
     EngineConfig,
     KVTierConfig,
@@ -38,7 +38,6 @@ from strata.worker.config import (
     SharedTierConfig,
     WorkerConfig,
 )
-from strata.worker.kvtier.budget import asked_blocks, needed_bytes
 from strata.worker.tokenizer import BYTE_VOCAB_SIZE
 
 MODEL_DIR = "/models"
@@ -51,7 +50,7 @@ MIB = 2**20
 SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
 # Its NVMe and shared tiers' indexes take about 1 KiB a block: this covers blocks of 1 MiB or more
 # (an 8B model's are 2 MiB at 16 tokens a block; 1 TiB of lower tiers gets 1 GiB). With smaller
-# blocks the sidecar fits those tiers within its memory and says so (worker/kvtier/budget.py).
+# blocks the sidecar fits those tiers within its memory and says so (strata/common/kvbudget.py).
 LOWER_TIER_BYTES_PER_INDEX_BYTE = 1024
 
 REASON_INVALID_SPEC = "InvalidSpec"

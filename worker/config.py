@@ -20,10 +20,6 @@ from strata.common.endpoints import SIDECAR_PORT, WORKER_PORT
 # After server.drain_timeout_s the requests still running are cut off; the worker (and then the
 # KV-tier sidecar) exits within this many seconds more. The pod's grace period covers both.
 DRAIN_CUTOFF_S = 10.0
-# The KV-tier sidecar's staging slots (blocks passing between the engine and the lower tiers)
-# take at most this much of the pod's /dev/shm and of the sidecar's memory, beside the DRAM tier:
-# 96 slots of blocks up to 2.6 MiB, fewer of larger ones. The operator sizes both for it.
-KVTIER_STAGING_BYTES = 256 << 20
 # The workers and routers check requests against this (set from a Secret through the
 # InferenceService's spec.pod.env); unset: open. Here, not in the server, so the operator's
 # renderers can name it without importing an HTTP server.

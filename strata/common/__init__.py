@@ -6,6 +6,7 @@ worker must agree on, each defined once here.
 - ``endpoints``: the ports and HTTP paths the planes reach each other on.
 - ``apigroup``: the Strata API's group and version.
 - ``hold``: how many requests, and how long, a router holds while its service has no replica.
+- ``kvbudget``, ``sketchsize``: the memory a KV-tier sidecar needs for what its tiers index.
 - ``logs``: the JSON log lines, and the request id that joins one request's lines.
 - ``openai``: the OpenAI-compatible API the worker serves and the router fronts.
 

@@ -21,12 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from strata.worker.block_events import BlockEvents
-from strata.worker.cgroup import memory_limit
-from strata.worker.config import KVTierConfig
-from strata.worker.kvtier import direct, promotion
-from strata.worker.kvtier.arena import SlotArena, slot_bytes_for
-from strata.worker.kvtier.budget import (
+from strata.common.kvbudget import (
     MAX_EXPECTED,
     MAX_EXPECTED_BLOCKS,
     STAGING_SLOTS,
@@ -35,9 +30,14 @@ from strata.worker.kvtier.budget import (
     asked_blocks,
     fit,
     fixed_bytes,
-    shm_room,
+    slot_bytes_for,
     staging_slots_for,
 )
+from strata.worker.block_events import BlockEvents
+from strata.worker.cgroup import memory_limit
+from strata.worker.config import KVTierConfig
+from strata.worker.kvtier import direct, promotion
+from strata.worker.kvtier.arena import SlotArena
 from strata.worker.kvtier.demoter import Demoter
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.janitor import Janitor
@@ -47,6 +47,7 @@ from strata.worker.kvtier.nvme import NvmeStore, Record
 from strata.worker.kvtier.recovery import Found, Recovery, open_table
 from strata.worker.kvtier.sealer import Sealer
 from strata.worker.kvtier.shared import FilesystemBlockStore
+from strata.worker.kvtier.shm import shm_room
 from strata.worker.kvtier.sightings import (
     NVME_SAVE_EVERY_S,
     SHM_LEAVE_FREE,
