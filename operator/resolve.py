@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from strata.common.endpoints import ROUTER_PORT, SIDECAR_PORT, WORKER_PORT
 from strata.common.kvbudget import KVTIER_STAGING_BYTES, asked_blocks, needed_bytes
+from strata.common.routermemory import memory_to_follow
 from strata.operator import names
 from strata.operator.api import (
     InferenceService,
@@ -27,7 +28,6 @@ from strata.operator.replicas import desired_replicas
 from strata.operator.tenancy import cache_namespace
 from strata.router.config import HoldConfig, PriorityConfig, QueueConfig, RouterConfig, WorkersConfig
 from strata.router.config import ModelConfig as RouterModel
-from strata.router.view import memory_to_follow
 from strata.worker.config import (
     DramTierConfig,
     EngineConfig,

@@ -11,7 +11,6 @@ volume all replicas read, so what any sidecar wrote to it counts for every endpo
 
 from __future__ import annotations
 
-import math
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -20,12 +19,6 @@ from strata.worker.block_events import Event
 
 SOURCES = ("worker", "sidecar")
 FRESH_S = 5.0  # record entries this young count even while the streams are synced
-# What the budget counts: followed lower-tier keys (about 91 bytes each in a set, 2026-12-02)
-# and the routed-block records' entries (106, and the key they keep alive, 49), at 160 each;
-# together they may take half the router's memory (the rest: the interpreter, the tokenizer,
-# the connections).
-FOLLOWED_BYTES_PER_KEY = 160
-FOLLOWED_SHARE = 0.5
 SOURCE_TIERS: dict[str, tuple[Tier, ...]] = {"worker": ("hbm",), "sidecar": LOWER_TIERS}
 
 
@@ -48,19 +41,6 @@ class SharedPool:
                 self._count[key] = left
             else:
                 del self._count[key]
-
-
-def followed_limit(memory_bytes: int | None) -> int | None:
-    """The keys a router with ``memory_bytes`` (None: unknown) follows at most."""
-    if memory_bytes is None:
-        return None
-    return int(memory_bytes * FOLLOWED_SHARE) // FOLLOWED_BYTES_PER_KEY
-
-
-def memory_to_follow(keys: int) -> int:
-    """The container memory limit under which a router follows ``keys`` (``followed_limit``'s
-    inverse): what the operator gives the routers of a service whose block size it knows."""
-    return math.ceil(keys * FOLLOWED_BYTES_PER_KEY / FOLLOWED_SHARE)
 
 
 class FollowBudget:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from strata.common.endpoints import ROUTER_PORT
+from strata.common.hold import HELD_REQUESTS_METRIC
 from strata.operator.api.models import InferenceServiceSpec
 from strata.operator.autoscale.decide import History, Policy, backlog
 from strata.operator.autoscale.metrics import MetricsError
@@ -25,7 +26,6 @@ from strata.operator.autoscale.pods import metrics_url
 from strata.operator.events import EventSink
 from strata.operator.replicas import desired_replicas
 from strata.operator.views import IndexViews
-from strata.router.metrics import HELD
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def held_in(text: str) -> float:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == HELD:
+                if sample.name == HELD_REQUESTS_METRIC:
                     return float(sample.value)
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsError(f"not Prometheus text exposition: {exc}") from None

@@ -6,3 +6,6 @@ from __future__ import annotations
 
 HOLD_MAX_REQUESTS = 256
 HOLD_TIMEOUT_S = 300
+# The router's gauge of the requests it holds: the operator's autoscaler reads it to wake a
+# service at zero.
+HELD_REQUESTS_METRIC = "strata_router_held_requests"
