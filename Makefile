@@ -36,6 +36,7 @@ lint: venv
 	$(VENV)/bin/ruff check strata operator worker router tests bench
 	$(VENV)/bin/ruff format --check strata operator worker router tests bench
 	$(VENV)/bin/mypy strata tests bench
+	$(VENV)/bin/lint-imports
 
 test: venv cluster-bins prometheus lint
 	$(VENV)/bin/pytest -q -ra
