@@ -131,8 +131,8 @@ def _signed(word: int) -> int:
 def usable(blocks: Sequence[torch.Tensor]) -> bool:
     """Whether :func:`checksums` can hash these blocks: Triton there, each block on a CUDA
     device (or any, interpreted), contiguous, 8-byte aligned, of one length over 240 bytes in
-    whole words."""
-    if triton is None or not blocks:
+    whole words; and XXH3's secret to key them with (``xxh3parts.available``)."""
+    if triton is None or not blocks or not xxh3parts.available():
         return False
     size = blocks[0].numel() * blocks[0].element_size()
     return all(
