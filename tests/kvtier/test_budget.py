@@ -26,7 +26,7 @@ from strata.common.kvbudget import (
 from strata.common.sketchsize import footprint, sightings_table_bytes
 from strata.worker import cgroup
 from strata.worker.cgroup import memory_limit
-from strata.worker.kvtier import service as service_module
+from strata.worker.kvtier import leases as leases_module
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.service import KVTierService, Owner
 from strata.worker.kvtier.shm import shm_room
@@ -114,7 +114,7 @@ def test_a_sidecar_with_little_memory_indexes_fewer_lower_tier_blocks_and_says_s
     limit = asked.fixed + asked.asked.dram * (SLOT + PER_BLOCK) + (nvme_blocks + 100) * PER_BLOCK
     config = kvtier_config(root / "b", shared=shared, memory_bytes=limit)
     service = KVTierService(config, staging_slots=4)
-    with caplog.at_level(logging.WARNING, logger="strata.worker.kvtier.service"):
+    with caplog.at_level(logging.WARNING, logger="strata.worker.kvtier.assembly"):
         service.configure(SLOT)
     try:
         assert service.nvme is not None and service.shared is not None
@@ -206,7 +206,7 @@ def test_announced_requests_past_the_lookaheads_blocks_are_not_announced(root, m
     """The look-ahead's memory is bounded in blocks: a request that would take the connection's
     announced blocks past ``MAX_EXPECTED_BLOCKS`` is refused, the nearer ones keep theirs, and
     what a scheduled request frees is announced again."""
-    monkeypatch.setattr(service_module, "MAX_EXPECTED_BLOCKS", 10)
+    monkeypatch.setattr(leases_module, "MAX_EXPECTED_BLOCKS", 10)
     service = KVTierService(kvtier_config(root), staging_slots=4)
     service.configure(SLOT)
     owner = Owner()

@@ -165,7 +165,7 @@ def test_without_the_figure_a_small_models_shared_index_is_fitted_and_with_it_it
 
 
 def sidecar_fit(kvtier, block_bytes, limit):
-    """What the sidecar's own fit keeps within ``limit`` for the model's blocks (service._fit_memory)."""
+    """What the sidecar's own fit keeps within ``limit`` for the model's blocks (Assembly.fit_memory)."""
     slot = slot_bytes_for(block_bytes)
     asked = asked_blocks(kvtier, block_bytes)
     return fit(asked, limit, fixed_bytes(kvtier, asked, slot, staging_slots_for(slot)), slot)
