@@ -20,7 +20,7 @@ import torch
 
 from strata.worker.engine.model_runner import allocate_cache
 from strata.worker.kv_connector import PAGE, BlockRef
-from strata.worker.kvtier import client as client_module
+from strata.worker.kvtier import copies as copies_module
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.client import TierClient
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
@@ -152,7 +152,7 @@ def test_a_checked_save_whose_own_write_fails_raises_and_its_slots_go_back(root,
         raise OSError(errno.EIO, "injected")
 
     try:
-        monkeypatch.setattr(client_module, "write_blocks", failing)
+        monkeypatch.setattr(copies_module, "write_blocks", failing)
         with pytest.raises(OSError, match="injected"):
             client.save_checked(blocks, data)
         monkeypatch.undo()
