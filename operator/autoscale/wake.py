@@ -20,9 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from strata.common.endpoints import ROUTER_PORT
 from strata.common.hold import HELD_REQUESTS_METRIC
 from strata.operator.api.models import InferenceServiceSpec
+from strata.operator.autoscale.apicalls import ApiCalls
 from strata.operator.autoscale.decide import History, Policy, backlog
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.autoscale.pods import metrics_url
+from strata.operator.autoscale.scrape import Scraper
 from strata.operator.events import EventSink
 from strata.operator.replicas import desired_replicas
 from strata.operator.views import IndexViews
@@ -73,13 +75,11 @@ class Scaler(Protocol):
     @property
     def histories(self) -> dict[str, History]: ...
 
-    async def _get_text(self, url: str) -> str | None: ...
+    @property
+    def scraper(self) -> Scraper: ...
 
-    async def _merge_patch(
-        self, isvc: Mapping[str, Any], subresource: str, body: Mapping[str, Any]
-    ) -> None: ...
-
-    async def _patch_status(self, isvc: Mapping[str, Any], status: Mapping[str, Any]) -> None: ...
+    @property
+    def api(self) -> ApiCalls: ...
 
 
 async def held_requests(scaler: Scaler, isvc: Mapping[str, Any]) -> float:
@@ -87,7 +87,7 @@ async def held_requests(scaler: Scaler, isvc: Mapping[str, Any]) -> float:
     meta = isvc["metadata"]
     routers = scaler.views.ready_routers((meta["namespace"], meta["name"]))
     urls = [metrics_url(r.ip, ROUTER_PORT) for r in routers]
-    texts = await asyncio.gather(*(scaler._get_text(url) for url in urls))
+    texts = await asyncio.gather(*(scaler.scraper.get_text(url) for url in urls))
     total = 0.0
     for text in texts:
         try:
@@ -107,10 +107,10 @@ async def wake(scaler: Scaler, isvc: Mapping[str, Any], uid: str) -> bool:
     if target is None:
         return False
     reason = f"{held:.0f} requests held at the router while at zero: 0 -> {target}"
-    await scaler._merge_patch(isvc, "scale", {"spec": {"replicas": target}})
+    await scaler.api.merge_patch(isvc, "scale", {"spec": {"replicas": target}})
     when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     last = {"time": when, "fromReplicas": 0, "toReplicas": target, "reason": reason}
-    await scaler._patch_status(isvc, {"lastScaling": last})
+    await scaler.api.patch_status(isvc, {"lastScaling": last})
     # the held requests are traffic: the idle clock restarts, so the service is not put back to
     # zero before its new replica has served them
     now = scaler.clock()
