@@ -62,7 +62,7 @@ class Housekeeping:
 
     def _wait_preallocated(self) -> None:
         """A save asked for (or the last, at ``close``) waits, boundedly, for the DRAM tier's
-        pages: until then the places beside it do not save (``_in_shm``). Only a keeper's
+        pages: until then the places beside it do not save (``Assembly._in_shm``). Only a keeper's
         saves need them: a sidecar with none stops at once."""
         if self.state.dram is not None and self.state.keeper is not None:
             self.state.dram.arena.preallocated.wait(PREALLOCATED_WAIT_S)

@@ -88,7 +88,7 @@ class SidecarLink:
         return self.reply(sock, str(message.get("op")))
 
     def call_pipelined(self, message: protocol.Message) -> dict[str, Any]:
-        """``_call`` without waiting for the replies still due first: they are read after
+        """``call`` without waiting for the replies still due first: they are read after
         the message is sent, in order, so it costs no extra round trip."""
         self.send_later(message)
         return self.reply_to(self.connected(), str(message.get("op")))
@@ -106,7 +106,7 @@ class SidecarLink:
 
     def reply_to(self, sock: socket.socket, op: str) -> dict[str, Any]:
         """Read the replies to what was sent, in order, up to the first to an ``op`` (puts'
-        stored counts summed into ``_stored``)."""
+        stored counts summed into ``stored``)."""
         while self.outstanding:
             sent = self.outstanding.popleft()
             reply = self.reply(sock, sent)
