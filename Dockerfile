@@ -21,9 +21,9 @@ CMD ["operator"]
 
 FROM base AS worker
 # The KV tiers' copy-and-checksum (worker/kvtier/native) is compiled on first use, for the node's
-# own CPU, into $HOME (/tmp): the image carries a C compiler (small next to torch). Without one
-# the tiers take the slower Python path and log `native_fallback`.
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+# own CPU, into $HOME (/tmp): the image carries a C compiler (small next to torch) and xxhash's
+# header. Without them the tiers take the slower Python path and log `native_fallback`.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libxxhash-dev \
     && rm -rf /var/lib/apt/lists/* \
     && pip install --no-compile '.[worker]' && rm -rf /src
 USER 10001:10001

@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN ?= bin
 
-.PHONY: venv cluster-bins prometheus vllm-env lint test test-fast demo bench crds crds-check docs docs-check device-wheels clean
+.PHONY: venv native-deps cluster-bins prometheus vllm-env lint test test-fast demo bench crds crds-check docs docs-check device-wheels clean
 
 venv: $(VENV)/.installed
 
@@ -17,8 +17,14 @@ $(VENV)/.installed: pyproject.toml
 	@echo "venv: [2/2] the project and its dependencies (torch from PyPI is a few GB)"
 	$(PY) -m pip install --progress-bar off -e '.[dev]'
 	@echo "venv: the KV tiers' compiled copy-and-checksum (without a C compiler they use the Python path)"
+	tools/native-deps.sh
 	-$(PY) -m strata kvtier build-native
 	touch $@
+
+# xxhash.h, which the KV tiers' copy-and-checksum is built on (Debian's libxxhash-dev), installed
+# with apt where the machine allows; elsewhere the tiers take the Python path. A no-op once there.
+native-deps:
+	tools/native-deps.sh
 
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm: one Go build,
 # with progress (step, packages compiled, elapsed time). Skipped when bin/ is current, or when
@@ -42,15 +48,16 @@ lint: venv
 	$(VENV)/bin/ruff check strata operator worker router tests bench
 	$(VENV)/bin/ruff format --check strata operator worker router tests bench
 	$(VENV)/bin/mypy strata tests bench
+	$(VENV)/bin/lint-imports
 
-test: venv cluster-bins prometheus vllm-env lint
+test: venv native-deps cluster-bins prometheus vllm-env lint
 	$(VENV)/bin/pytest -q -ra
 
 # Unit tests only: no control plane, no slow model runs.
 test-fast: venv
 	$(VENV)/bin/pytest -q -m "not cluster and not slow"
 
-demo: venv cluster-bins prometheus
+demo: venv native-deps cluster-bins prometheus
 	$(VENV)/bin/strata demo
 
 bench: venv cluster-bins vllm-env

@@ -23,6 +23,7 @@ import torch
 from bench import kvtier_hits, kvtier_latency, kvtier_memory
 from bench.kvtier_bandwidth import BLOCK_SHAPE, DTYPE, bandwidth, gbps_ratios, ratio
 from bench.kvtier_sidecar import config, drop_page_cache, sidecar
+from strata.common.tiers import LOCAL_TIERS
 from strata.worker.kv_connector import BlockRef, KVConnector, Tier
 from strata.worker.kvtier.client import TierClient, client_threads
 from strata.worker.kvtier.native import path_name
@@ -206,7 +207,7 @@ def ttft_ratios(ttft_s: dict[str, dict[str, float]]) -> dict[str, float]:
     return {
         f"ttft_{name}_cold_over_{tier}": ratio(times["cold"], times[tier])
         for name, times in ttft_s.items()
-        for tier in ("hbm", "dram", "nvme")
+        for tier in LOCAL_TIERS
     }
 
 

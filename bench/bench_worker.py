@@ -37,7 +37,6 @@ def engine_for(model_dir: str, model: str = "small", queue_timeout_s: float = QU
         model=ModelConfig(name=model, path=model_dir, max_context_tokens=8192 + 2 * DECODE_TOKENS),
         engine=EngineConfig(
             device="auto",
-            block_size=16,
             max_batched_tokens=2048,
             kv_memory_fraction=0.3,
             queue_timeout_s=queue_timeout_s,

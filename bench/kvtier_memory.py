@@ -1,5 +1,5 @@
 """What the KV-tier sidecar's memory holds per block it indexes, next to the estimate it fits its
-tiers by (``strata.worker.kvtier.budget.INDEX_BYTES_PER_BLOCK``).
+tiers by (``strata.common.kvbudget.INDEX_BYTES_PER_BLOCK``).
 
 A fresh interpreter (nothing else loaded) builds the sidecar's service with an NVMe and a shared
 tier of ``blocks`` blocks each (adaptive admission, write-through), saves ``blocks`` blocks in
@@ -35,7 +35,7 @@ import threading
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK
+from strata.common.kvbudget import INDEX_BYTES_PER_BLOCK
 
 BLOCKS = 20_000
 BLOCK_BYTES = 4096
@@ -205,7 +205,7 @@ def restart(root: Path, blocks: int, dram: bool = False, policy: Policy = PREMIU
 def nvme_restart(root: Path, blocks: int, policy: Policy = PREMIUM) -> dict[str, Any]:
     """In this process (a fresh one): the NVMe tier ``fill`` left in ``root`` rebuilt from its
     log, and the anonymous RSS that grew, at the most and after."""
-    from strata.worker.kvtier.arena import slot_bytes_for
+    from strata.common.kvbudget import slot_bytes_for
     from strata.worker.kvtier.nvme import NvmeStore
     from strata.worker.kvtier.tiers import NvmeTier
 

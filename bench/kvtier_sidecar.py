@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from strata.common.blocks import BLOCK_SIZE
 from strata.worker.config import EngineConfig, KVTierConfig, ModelConfig, WorkerConfig, WriteMode
 from strata.worker.kv_connector import BlockRef
 from strata.worker.kvtier.sightings import dram_sightings_path
@@ -22,7 +23,7 @@ def config(
     name: str,
     dram: int,
     nvme: int,
-    block_size: int = 16,
+    block_size: int = BLOCK_SIZE,
     verify_reads: bool = True,
     write_mode: WriteMode = "write-back",
 ) -> WorkerConfig:

@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.reality_worker import ENGINE_BLOCK, MAX_BATCHED_TOKENS, MAX_CONTEXT_TOKENS, NUM_GPU_BLOCKS, Worker
 from strata.cluster import Cluster, ClusterConfig, find_bin_dir, launch
-from strata.operator.resolve import SERVER_PORT
+from strata.common.endpoints import WORKER_PORT
 from strata.sim.profiles import SMALL_KV_BYTES_PER_TOKEN
 from strata.stack import inference_service, local_pods_env, local_resources, operator_running, wait_ready
 from strata.stack.kube import running_pods
@@ -62,7 +62,7 @@ def served_by(cluster: Cluster) -> Worker:
         raise RuntimeError(
             f"reality check: pod {name} is Running but its {ENGINE_CONTAINER} container is not"
         )
-    return Worker(f"http://{loopback_ip(pod)}:{SERVER_PORT}", pid)
+    return Worker(f"http://{loopback_ip(pod)}:{WORKER_PORT}", pid)
 
 
 @contextmanager

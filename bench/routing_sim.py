@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata.router.choose import Candidate, Policy, Prompt, Tier, choose
+from strata.common.tiers import Tier
+from strata.router.choose import Candidate, Policy, Prompt, choose
 from strata.router.load import DecayedTokens
 from strata.worker.kvtier.index import Entry, TierIndex
 

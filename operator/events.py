@@ -1,4 +1,4 @@
-"""Where Kubernetes Events go: a sink the reconciler calls, kopf's poster in the operator.
+"""Where Kubernetes Events go: a sink the reconciler calls (``handlers.kopf_sink`` in the operator).
 
 The reconciler decides *which* Events to emit; the sink only delivers them, so tests can
 collect them in a list."""
@@ -40,9 +40,3 @@ class CountedSink:
     def __call__(self, obj: Mapping[str, Any], type_: EventType, reason: str, message: str) -> None:
         self.count(type_, reason)
         self.sink(obj, type_, reason, message)
-
-
-def kopf_sink(obj: Mapping[str, Any], type_: EventType, reason: str, message: str) -> None:
-    import kopf
-
-    kopf.event(dict(obj), type=type_, reason=reason, message=message[:1024])  # type: ignore[arg-type]

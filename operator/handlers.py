@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +24,10 @@ import kopf
 from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 
 from strata.operator import names, slimwatch
+from strata.operator.api.models import InferenceServiceSpec
 from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.child_events import child_action
-from strata.operator.events import kopf_sink
+from strata.operator.events import EventType
 from strata.operator.kube import ClientPolicy, KubeClient
 from strata.operator.runtime import Runtime
 from strata.operator.settings import OperatorSettings, settings_from_env
@@ -66,6 +68,11 @@ MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 MANAGED_SELECTOR = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
 # Watched with MANAGED_SELECTOR: the API server sends only the operator's own objects.
 LABELLED = {(g, p) for g, _, p in CHILD_RESOURCES} | {("", "pods"), ("scheduling.k8s.io", "priorityclasses")}
+
+
+def kopf_sink(obj: Mapping[str, Any], type_: EventType, reason: str, message: str) -> None:
+    """Events posted by kopf, with a client of its own."""
+    kopf.event(dict(obj), type=type_, reason=reason, message=message[:1024])  # type: ignore[arg-type]
 
 
 @kopf.on.startup()
@@ -211,7 +218,7 @@ async def service_bodies(
 async def services_by_tier(
     *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
 ) -> dict[str, ServiceKey]:
-    return {str(spec.get("tier", "standard")): (namespace or "", name)}
+    return {InferenceServiceSpec.tier_of(spec): (namespace or "", name)}
 
 
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)

@@ -1,4 +1,6 @@
-"""A small async Kubernetes client: server-side apply, get, list, delete, status apply.
+"""A small async Kubernetes client: server-side apply, get, list, delete, status apply, and the
+same by path (create, patch, delete, list-then-watch: ``kubewatch``) for the test cluster's pod
+runtime, the one other user: one client for both.
 
 The operator writes a handful of kinds, always the same way, so a table of kinds and aiohttp
 (already kopf's transport) keep every call non-blocking without the generated client's threads.
@@ -19,6 +21,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -31,6 +34,8 @@ from strata.operator.backoff import AdaptiveLimit, Backoff, LatencyTimeout, retr
 
 Obj = dict[str, Any]
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML, so the body is plain JSON
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,19 @@ class KubeClient:
                 config_file=kubeconfig, client_configuration=cfg, persist_config=False
             )
         return cls(cfg, policy=policy)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | Path, policy: ClientPolicy | None = None) -> KubeClient:
+        """The kubeconfig's credentials only (a process beside the cluster, not in a pod)."""
+        cfg = k8s_client.Configuration()
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(path), client_configuration=cfg, persist_config=False
+        )
+        return cls(cfg, policy=policy)
+
+    @property
+    def server(self) -> str:
+        return str(self._cfg.host).rstrip("/")
 
     def _ssl(self) -> ssl.SSLContext | bool:
         if not self._cfg.verify_ssl:
@@ -282,6 +300,45 @@ class KubeClient:
         except aiohttp.ClientConnectionError as exc:
             self.observer.request(verb, resource, "connection", 0.0)
             raise _Retry("connection", exc) from None
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, params: Mapping[str, str], read_timeout_s: float) -> AsyncIterator[Any]:
+        """A long-lived GET (a watch): its response, read line by line; no attempt timeout, no
+        retry (the caller lists again), each read within ``read_timeout_s``."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=read_timeout_s)
+        session = await self._http()
+        async with session.get(
+            self.server + path, params=params, headers=self._headers(), timeout=timeout
+        ) as response:
+            if response.status >= 400:
+                raise _error(response.status, await response.text())
+            yield response.content
+
+    async def read_path(self, path: str, params: Mapping[str, str] | None = None) -> Obj | None:
+        """The object at ``path``, or None when there is none."""
+        try:
+            return await self.request("GET", path, params=params)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create_path(self, path: str, body: Mapping[str, Any]) -> Obj:
+        return await self.request("POST", path, body=body)
+
+    async def patch_path(self, path: str, body: Mapping[str, Any], content_type: str = MERGE_PATCH) -> Obj:
+        return await self.request("PATCH", path, body=body, content_type=content_type)
+
+    async def delete_path(self, path: str, body: Mapping[str, Any] | None = None) -> bool:
+        """Delete the object at ``path``; False when it was gone (or another object by now: a
+        precondition's uid)."""
+        try:
+            await self.request("DELETE", path, body=body)
+        except KubeError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def apply(self, manifest: Mapping[str, Any], *, subresource: str = "") -> Obj:
         return (await self.apply_created(manifest, subresource=subresource))[0]

@@ -5,9 +5,10 @@ immutable), so a tier change re-labels pods without orphaning them."""
 
 from __future__ import annotations
 
-GROUP = "strata.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+from strata.common.apigroup import API_VERSION as API_VERSION
+from strata.common.apigroup import GROUP as GROUP
+from strata.common.apigroup import VERSION as VERSION
+
 ISVC_KIND = "InferenceService"
 ISVC_PLURAL = "inferenceservices"
 TIER_KIND = "ServiceTier"

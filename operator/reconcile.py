@@ -17,11 +17,13 @@ from typing import Any
 
 import aiohttp
 
+from strata.common.endpoints import WORKER_PORT
 from strata.operator import names
 from strata.operator.api import ACCEPTED, DEGRADED, READY
+from strata.operator.api.models import InferenceServiceSpec
 from strata.operator.children import Applier
 from strata.operator.kube import KubeError, Obj
-from strata.operator.resolve import SERVER_PORT, ResolveInput, SpecRejected, resolve
+from strata.operator.resolve import ResolveInput, SpecRejected, resolve
 from strata.operator.status import Observed, compute_status, stamp_condition, status_changed
 from strata.operator.views import IndexViews, ServiceKey
 
@@ -112,7 +114,7 @@ class Reconciler:
         seen = Observed(
             name=key[1],
             generation=int(isvc["metadata"].get("generation", 1)),
-            tier=str(spec.get("tier", "standard")),
+            tier=InferenceServiceSpec.tier_of(spec),
             min_replicas=int(spec.get("minReplicas", 1)),
             desired_replicas=None,  # the workload's own: this process applied it
             endpoint=status.get("endpoint"),
@@ -124,7 +126,7 @@ class Reconciler:
 
     async def _reconcile(self, isvc: Mapping[str, Any]) -> str:
         meta, spec = isvc["metadata"], isvc.get("spec", {})
-        tier_name = str(spec.get("tier", "standard"))
+        tier_name = InferenceServiceSpec.tier_of(spec)
         tier = self.views.tier(tier_name)
         rejected: tuple[str, str] | None = None
         error: str | None = None
@@ -147,7 +149,7 @@ class Reconciler:
             tier=tier_name,
             min_replicas=int(spec.get("minReplicas", 1)),
             desired_replicas=plan.replicas if plan else None,
-            endpoint=f"http://{names.client_service_name(meta['name'])}.{meta['namespace']}.svc:{SERVER_PORT}",
+            endpoint=f"http://{names.client_service_name(meta['name'])}.{meta['namespace']}.svc:{WORKER_PORT}",
             workload=workload,
             rejected=rejected,
             error=error,

@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from strata.common.endpoints import ROUTER_PORT, SIDECAR_PORT, WORKER_PORT
+from strata.common.kvbudget import KVTIER_STAGING_BYTES, asked_blocks, needed_bytes
+from strata.common.routermemory import memory_to_follow
 from strata.operator import names
 from strata.operator.api import (
     InferenceService,
@@ -25,9 +28,7 @@ from strata.operator.replicas import desired_replicas
 from strata.operator.tenancy import cache_namespace
 from strata.router.config import HoldConfig, PriorityConfig, QueueConfig, RouterConfig, WorkersConfig
 from strata.router.config import ModelConfig as RouterModel
-from strata.router.view import memory_to_follow
 from strata.worker.config import (
-    KVTIER_STAGING_BYTES,
     DramTierConfig,
     EngineConfig,
     KVTierConfig,
@@ -37,23 +38,19 @@ from strata.worker.config import (
     SharedTierConfig,
     WorkerConfig,
 )
-from strata.worker.kvtier.budget import asked_blocks, needed_bytes
 from strata.worker.tokenizer import BYTE_VOCAB_SIZE
 
 MODEL_DIR = "/models"
-SERVER_PORT = 8000
-KV_METRICS_PORT = 8001
 # How long a draining worker waits for its longest generation, on top of its queue timeout: a
 # long answer (thousands of tokens) on a busy GPU. The pod's grace period is derived from it.
 GENERATION_BUDGET_S = 120.0
 MIB = 2**20
-ROUTER_PORT = 8000  # the router pods' own IPs: the same port the clients always used
 # The KV-tier sidecar's memory beside the DRAM tier's and the staging slots' pages: the
 # interpreter, connections, and the admission policies' sketches (at most 64 MiB each).
 SIDECAR_MEMORY_OVERHEAD_BYTES = 512 * 2**20
 # Its NVMe and shared tiers' indexes take about 1 KiB a block: this covers blocks of 1 MiB or more
 # (an 8B model's are 2 MiB at 16 tokens a block; 1 TiB of lower tiers gets 1 GiB). With smaller
-# blocks the sidecar fits those tiers within its memory and says so (worker/kvtier/budget.py).
+# blocks the sidecar fits those tiers within its memory and says so (strata/common/kvbudget.py).
 LOWER_TIER_BYTES_PER_INDEX_BYTE = 1024
 
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -234,13 +231,12 @@ def _worker_config(
         ),
         engine=engine,
         server=ServerConfig(
-            port=SERVER_PORT,
+            port=WORKER_PORT,
             drain_timeout_s=engine.queue_timeout_s + GENERATION_BUDGET_S,
             ttft_slo_s=tier.spec.slo.ttft_p95_ms / 1000,
         ),
         kvtier=_kvtier_config(isvc, tier, dram, nvme),
         cache_namespace=salt,
-        service_tier=tier.metadata.get("name", spec.tier),
     )
 
 
@@ -263,7 +259,7 @@ def _kvtier_config(isvc: InferenceService, tier: ServiceTier, dram: int, nvme: i
         write_mode=policy.write_mode,
         retention_s=float(policy.retention_seconds) if policy.retention_seconds else None,
         priority=tier.spec.priority,
-        metrics_port=KV_METRICS_PORT,
+        metrics_port=SIDECAR_PORT,
         pinned_prefixes=list(spec.cache.pinned_prefixes or []),
     )
     return kvtier.model_copy(update={"memory_bytes": sidecar_memory_bytes(kvtier, kv_block_bytes(isvc))})

@@ -31,9 +31,9 @@ from typing import Any
 
 import aiohttp
 
+from strata.common.kvbudget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS, nearest_within
 from strata.router.fleet import Fleet
 from strata.router.gate import Gate, Queued
-from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS, nearest_within
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 0.25

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from strata.common.openai.auth import api_key_check
+from strata.common.openai.errors import error_response, json_errors
+from strata.common.openai.model_list import model_list
+from strata.common.openai.protocol import ApiError, Kind
+from strata.common.openai.request_id import REQUEST_ID_KEY, echo_request_id, request_ids
 from strata.router.gate import Gate, Refused
 from strata.router.intake import Intake
 from strata.router.metrics import RouterMetrics
 from strata.router.proxy import Forwarder
-from strata.worker.server.auth import api_key_check
-from strata.worker.server.errors import error_response, json_errors
-from strata.worker.server.protocol import ApiError, Kind
-from strata.worker.server.request_id import REQUEST_ID_KEY, echo_request_id, request_ids
-from strata.worker.server.responses import model_list
 
 log = logging.getLogger(__name__)
 BODY_LIMIT = 64 * 2**20  # as the workers'

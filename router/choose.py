@@ -37,9 +37,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from strata.common.tiers import Tier
 from strata.router.weights import DEFAULT_WEIGHTS, TierWeights
 
-Tier = Literal["hbm", "dram", "nvme", "shared"]
 BlockKey = Hashable  # bytes (chained block hashes) in the router; trace ids in simulations
 Lookup = Callable[[Sequence[BlockKey]], Sequence[Tier]]
 Reason = Literal["cache", "load", "guard", "random", "only"]

@@ -26,9 +26,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from strata.common import logs
     from strata.router import kube
     from strata.router.config import RouterConfig
-    from strata.worker import logs
 
     logs.setup(args.log_level)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}

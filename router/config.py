@@ -9,6 +9,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from strata.common.blocks import BLOCK_SIZE
+from strata.common.endpoints import SIDECAR_PORT, WORKER_PORT
+from strata.common.hold import HOLD_MAX_REQUESTS, HOLD_TIMEOUT_S
 from strata.router.weights import DEFAULT_WEIGHTS, TierWeights
 from strata.worker.config import dump_yaml
 
@@ -36,12 +39,17 @@ class WorkersConfig(_Strict):
     static: list[str] = Field(
         default_factory=list, description="Fixed worker base URLs (http://host:port); replaces discovery."
     )
-    port: int = Field(8000, ge=1, le=65535, description="The workers' HTTP port (OpenAI API, /kv/events).")
+    port: int = Field(
+        WORKER_PORT, ge=1, le=65535, description="The workers' HTTP port (OpenAI API, /kv/events)."
+    )
     step_tokens: int = Field(
         2048, ge=1, description="The workers' max_batched_tokens: prompt tokens one engine step prefills."
     )
     kv_events_port: int | None = Field(
-        8001, ge=1, le=65535, description="The KV-tier sidecars' metrics port (/kv/events); None: no sidecar."
+        SIDECAR_PORT,
+        ge=1,
+        le=65535,
+        description="The KV-tier sidecars' metrics port (/kv/events); None: no sidecar.",
     )
     engine: Literal["torch", "vllm"] = Field(
         "torch",
@@ -78,11 +86,6 @@ class QueueConfig(_Strict):
         30.0, gt=0, description="A request that would wait longer gets 429 with Retry-After (the tier's)."
     )
     max_len: int = Field(1024, ge=0, description="Waiting requests beyond this get 429 at once.")
-
-
-# The defaults of a ServiceTier's spec.routing.holdMaxRequests / holdTimeoutSeconds too.
-HOLD_MAX_REQUESTS = 256
-HOLD_TIMEOUT_S = 300
 
 
 class HoldConfig(_Strict):
@@ -141,7 +144,7 @@ class RoutingConfig(_Strict):
 
 class RouterConfig(_Strict):
     model: ModelConfig
-    block_size: int = Field(16, ge=1, le=1024, description="The workers' KV block size (tokens).")
+    block_size: int = Field(BLOCK_SIZE, ge=1, le=1024, description="The workers' KV block size (tokens).")
     cache_namespace: str = Field("default", min_length=1, description="The workers' block-hash salt.")
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)

@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from strata.common.endpoints import ENGINE_EVENTS_PATH, EVENTS_PATH, EXPECT_PATH
 from strata.router.config import WorkersConfig
 from strata.router.fleet import Address
 from strata.router.kube import KubeError, PodReader
-from strata.worker.block_events import ENGINE_PATH as ENGINE_EVENTS_PATH
-from strata.worker.block_events import PATH as EVENTS_PATH
-from strata.worker.kvtier.protocol import EXPECT_PATH
 
 log = logging.getLogger(__name__)
 RETRY_S = 2.0

@@ -11,7 +11,8 @@ import asyncio
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from strata.router.choose import Candidate, Tier
+from strata.common.tiers import Tier
+from strata.router.choose import Candidate
 from strata.router.load import DecayedTokens
 from strata.router.view import BlockView, FollowBudget, SharedPool
 

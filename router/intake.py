@@ -1,13 +1,13 @@
 """A request at the door: validated, tokenized and hashed exactly as the worker would.
 
-The worker's own pure pieces do the work (``protocol.parse_request``, its tokenizer and chat
-template, ``request_limits``, ``kv_connector.chain_hashes``), so a bad request gets the worker's
-error from the router without touching a worker, and the block hashes are the ones the workers
-report in their block events. A vLLM engine validates its own requests (it takes far more than
-Strata's worker does): for it the router reads only what routing needs (``engine_request``),
-hashes from the vLLM root (``vllm.keys``) with the request's ``cache_salt``, and gives every
-request the service's cache namespace as its salt where it has none, so vLLM's own block hashes
-are tenant-salted too.
+The same pure pieces as the worker's do the work (``strata.common.openai``'s parse_request and
+chat template, the worker's tokenizer, ``request_limits``, ``kv_connector.chain_hashes``), so a
+bad request gets the worker's error from the router without touching a worker, and the block
+hashes are the ones the workers report in their block events. A vLLM engine validates its own
+requests (it takes far more than Strata's worker does): for it the router reads only what
+routing needs (``engine_request``), hashes from the vLLM root (``vllm.keys``) with the request's
+``cache_salt``, and gives every request the service's cache namespace as its salt where it has
+none, so vLLM's own block hashes are tenant-salted too.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from strata.common.openai.chat_template import ChatTemplate, load_chat_template
+from strata.common.openai.messages import render_chat
+from strata.common.openai.protocol import ApiError, ApiRequest, Kind, parse_request
+from strata.common.openai.request_id import new_request_id
 from strata.router.choose import Prompt
 from strata.router.config import PriorityConfig, RouterConfig
 from strata.worker import request_limits
-from strata.worker.chat_template import ChatTemplate, load_chat_template
 from strata.worker.kv_connector import chain_hashes, root_hash
 from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
-from strata.worker.server.messages import render_chat
-from strata.worker.server.protocol import ApiError, ApiRequest, Kind, parse_request
-from strata.worker.server.request_id import new_request_id
 from strata.worker.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from strata.worker.vllm.keys import vllm_root
 
@@ -59,7 +59,7 @@ class Intake:
 
     def admit(self, raw: bytes, kind: Kind, headers: Mapping[str, str], rid: str) -> Admitted:
         """Raise the worker's :class:`ApiError` for a request no worker would serve. ``rid`` is
-        the request's id (``strata.worker.server.request_id``), forwarded as ``X-Request-Id``."""
+        the request's id (``strata.common.openai.request_id``), forwarded as ``X-Request-Id``."""
         check_headers(headers)
         body = _json(raw)
         if self.vllm:

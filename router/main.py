@@ -12,6 +12,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from strata.common.routermemory import followed_limit
 from strata.router import discovery, follow
 from strata.router.announce import Announcer
 from strata.router.app import Parts, build_app
@@ -22,7 +23,6 @@ from strata.router.intake import Intake
 from strata.router.kube import Credentials, PodReader
 from strata.router.metrics import RouterMetrics
 from strata.router.proxy import Forwarder, Timeouts
-from strata.router.view import followed_limit
 from strata.worker.cgroup import memory_limit
 
 log = logging.getLogger(__name__)

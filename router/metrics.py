@@ -13,12 +13,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from strata.common.hold import HELD_REQUESTS_METRIC
 from strata.router.fleet import Fleet
 from strata.router.gate import Gate
 
 P = "strata_router_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-HELD = P + "held_requests"  # the autoscaler reads this one to wake a service at zero
 
 
 class LiveCollector(Collector):
@@ -28,7 +28,7 @@ class LiveCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
-            HELD, "Requests held while the service has no ready replica.", self.gate.held()
+            HELD_REQUESTS_METRIC, "Requests held while the service has no ready replica.", self.gate.held()
         )
         yield GaugeMetricFamily(
             P + "queued_requests", "Requests waiting for a free replica slot.", self.gate.queued()

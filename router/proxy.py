@@ -20,13 +20,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from strata.common.openai.errors import DRAINING_HEADER
+from strata.common.openai.protocol import ApiError
+from strata.common.openai.request_id import HEADER as REQUEST_ID
 from strata.router.fleet import Endpoint, EndpointDown, Fleet
 from strata.router.gate import Gate, Route
 from strata.router.intake import Admitted
 from strata.router.metrics import RouterMetrics
-from strata.worker.server.drain import DRAINING_HEADER
-from strata.worker.server.protocol import ApiError
-from strata.worker.server.request_id import HEADER as REQUEST_ID
 
 log = logging.getLogger(__name__)
 PASSED_BACK = ("Content-Type", "Cache-Control", "Retry-After")

@@ -11,22 +11,15 @@ volume all replicas read, so what any sidecar wrote to it counts for every endpo
 
 from __future__ import annotations
 
-import math
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
-from strata.router.choose import Tier
+from strata.common.tiers import LOCAL_TIERS, LOWER_TIERS, TIERS, Tier
 from strata.worker.block_events import Event
 
 SOURCES = ("worker", "sidecar")
 FRESH_S = 5.0  # record entries this young count even while the streams are synced
-# What the budget counts: followed lower-tier keys (about 91 bytes each in a set, 2026-12-02)
-# and the routed-block records' entries (106, and the key they keep alive, 49), at 160 each;
-# together they may take half the router's memory (the rest: the interpreter, the tokenizer,
-# the connections).
-FOLLOWED_BYTES_PER_KEY = 160
-FOLLOWED_SHARE = 0.5
-SOURCE_TIERS: dict[str, tuple[Tier, ...]] = {"worker": ("hbm",), "sidecar": ("dram", "nvme", "shared")}
+SOURCE_TIERS: dict[str, tuple[Tier, ...]] = {"worker": ("hbm",), "sidecar": LOWER_TIERS}
 
 
 class SharedPool:
@@ -48,19 +41,6 @@ class SharedPool:
                 self._count[key] = left
             else:
                 del self._count[key]
-
-
-def followed_limit(memory_bytes: int | None) -> int | None:
-    """The keys a router with ``memory_bytes`` (None: unknown) follows at most."""
-    if memory_bytes is None:
-        return None
-    return int(memory_bytes * FOLLOWED_SHARE) // FOLLOWED_BYTES_PER_KEY
-
-
-def memory_to_follow(keys: int) -> int:
-    """The container memory limit under which a router follows ``keys`` (``followed_limit``'s
-    inverse): what the operator gives the routers of a service whose block size it knows."""
-    return math.ceil(keys * FOLLOWED_BYTES_PER_KEY / FOLLOWED_SHARE)
 
 
 class FollowBudget:
@@ -105,7 +85,7 @@ class BlockView:
     def __init__(self, shared: SharedPool, record_blocks: int, budget: FollowBudget | None = None) -> None:
         self.shared = shared
         self.budget = budget or FollowBudget()
-        self.held: dict[str, set[bytes]] = {t: set() for t in ("hbm", "dram", "nvme", "shared")}
+        self.held: dict[str, set[bytes]] = {t: set() for t in TIERS}
         self.synced = dict.fromkeys(SOURCES, False)
         self._syncing: dict[str, bool] = dict.fromkeys(SOURCES, False)
         self.record: OrderedDict[Hashable, float] = OrderedDict()  # block -> when routed
@@ -195,7 +175,7 @@ class BlockView:
         return found
 
     def _tier_of(self, key: Hashable, since: float) -> Tier | None:
-        for tier in ("hbm", "dram", "nvme"):
+        for tier in LOCAL_TIERS:
             if key in self.held[tier]:
                 return tier
         if key in self.shared:

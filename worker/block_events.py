@@ -30,16 +30,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-PATH = "/kv/events"
-# A vLLM engine's HBM blocks, relayed by its KV-tier sidecar (``strata.worker.vllm.relay``).
-ENGINE_PATH = "/kv/engine-events"
+from strata.common.tiers import TIERS
+
 HEARTBEAT_S = 1.0
 MAX_BACKLOG = 1 << 18
 LINE_BLOCKS = 1024  # most hashes per line (~36 KB), so a follower's line buffer stays small
 # Snapshot lines a writer takes per wake-up (64k keys, ~2.3 MB): a sidecar's tiers of millions
 # of blocks are sent in pieces, not first turned into one list of lines (hundreds of MB).
 SNAPSHOT_LINES = 64
-TIERS = ("hbm", "dram", "nvme", "shared")
 
 Change = tuple[str, str, bytes]  # (stored | removed, tier, block hash)
 

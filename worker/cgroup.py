@@ -1,7 +1,7 @@
 """The memory limit of the container a process runs in, from its cgroup.
 
 Torch-free and dependency-free: the KV-tier sidecar fits its indexes within the limit
-(``strata.worker.kvtier.budget``) and the router its followed block keys (``strata.router``).
+(``strata.common.kvbudget``) and the router its followed block keys (``strata.router``).
 """
 
 from __future__ import annotations

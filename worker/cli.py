@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from strata.worker import logs
+    from strata.common import logs
     from strata.worker.fetch import FetchOptions, fetch_model
     from strata.worker.fetch_http import FetchError
 
@@ -87,7 +87,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _serve(path: str, level: str, host: str | None = None) -> int:
-    from strata.worker import logs
+    from strata.common import logs
     from strata.worker.config import WorkerConfig
     from strata.worker.models.errors import ModelLoadError
 

@@ -14,13 +14,12 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from strata.common.blocks import BLOCK_SIZE
+from strata.common.endpoints import SIDECAR_PORT, WORKER_PORT
+
 # After server.drain_timeout_s the requests still running are cut off; the worker (and then the
 # KV-tier sidecar) exits within this many seconds more. The pod's grace period covers both.
 DRAIN_CUTOFF_S = 10.0
-# The KV-tier sidecar's staging slots (blocks passing between the engine and the lower tiers)
-# take at most this much of the pod's /dev/shm and of the sidecar's memory, beside the DRAM tier:
-# 96 slots of blocks up to 2.6 MiB, fewer of larger ones. The operator sizes both for it.
-KVTIER_STAGING_BYTES = 256 << 20
 # The workers and routers check requests against this (set from a Secret through the
 # InferenceService's spec.pod.env); unset: open. Here, not in the server, so the operator's
 # renderers can name it without importing an HTTP server.
@@ -66,7 +65,7 @@ class EngineConfig(_Strict):
         "connector (which reads this file) and publishing its KV events for the sidecar to relay.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` picks CUDA when present.")
-    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
+    block_size: int = Field(BLOCK_SIZE, ge=1, le=1024, description="Tokens per KV-cache block.")
     num_gpu_blocks: int | None = Field(
         None, ge=1, description="KV blocks in device memory; None sizes it from `kv_memory_fraction`."
     )
@@ -99,7 +98,9 @@ class EngineConfig(_Strict):
 
 class ServerConfig(_Strict):
     host: str = "0.0.0.0"
-    port: int = Field(8000, ge=1, le=65535, description="HTTP port: OpenAI API, /health, /ready, /metrics.")
+    port: int = Field(
+        WORKER_PORT, ge=1, le=65535, description="HTTP port: OpenAI API, /health, /ready, /metrics."
+    )
     drain_timeout_s: float = Field(
         150.0,
         gt=0,
@@ -179,7 +180,9 @@ class KVTierConfig(_Strict):
     lookahead_requests: int = Field(
         64, ge=0, le=256, description="Queued requests whose blocks the tiers keep and move up; 0: none."
     )
-    metrics_port: int = Field(8001, ge=1, le=65535, description="Port of the sidecar's /metrics and /health.")
+    metrics_port: int = Field(
+        SIDECAR_PORT, ge=1, le=65535, description="Port of the sidecar's /metrics and /health."
+    )
     gpu_checksums: bool = Field(
         True,
         description="On a CUDA engine the GPU computes the blocks' checksums (Triton), where it can; "
@@ -211,7 +214,6 @@ class WorkerConfig(_Strict):
         min_length=1,
         description="Tenant salt mixed into every block hash, so no tier serves one tenant's KV to another.",
     )
-    service_tier: str = Field("standard", description="ServiceTier name, for metrics labels.")
 
     @model_validator(mode="after")
     def _vllm_device_known(self) -> WorkerConfig:

@@ -43,7 +43,7 @@ def run(
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as model_dir:
         write_model(model_dir, preset)
-        engine_cfg = EngineConfig(device=pick_device(device).type, kv_memory_fraction=0.3, block_size=16)
+        engine_cfg = EngineConfig(device=pick_device(device).type, kv_memory_fraction=0.3)
         max_context = max(prompt_tokens + decode_tokens + 16, 256)
         config = WorkerConfig(
             model=ModelConfig(name=preset, path=model_dir, dtype=dtype, max_context_tokens=max_context),

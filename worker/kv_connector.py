@@ -21,15 +21,16 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+# Part of this contract; defined in strata.common, with what the other planes share.
+from strata.common.blocks import PAGE as PAGE
+from strata.common.tiers import Tier as Tier
 
 if TYPE_CHECKING:
     import torch
 
 HASH_BYTES = 16
-PAGE = 4096  # direct I/O's alignment: the tiers' slots, and a host engine's KV cache
-Tier = Literal["hbm", "dram", "nvme", "shared"]
-LOWER_TIERS: tuple[Tier, ...] = ("dram", "nvme", "shared")
 
 
 def root_hash(cache_namespace: str, model: str, block_size: int, engine: str = "") -> bytes:

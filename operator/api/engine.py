@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from strata.common.blocks import BLOCK_SIZE
 from strata.operator.api.base import ApiModel
 from strata.operator.api.cel import rule, rules
 
@@ -173,7 +174,7 @@ class EngineSpec(ApiModel):
         "(`workerImage` or `vllmImage`). A vLLM image needs Strata installed beside vLLM "
         "(`pip install strata`) for its KV connector.",
     )
-    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block (tokens).")
+    block_size: int = Field(BLOCK_SIZE, ge=1, le=1024, description="Tokens per KV-cache block (tokens).")
     max_num_seqs: int = Field(64, ge=1, le=4096, description="Most sequences in one batch (sequences).")
     max_batched_tokens: int = Field(
         2048, ge=16, le=1048576, description="Token budget per scheduler step, for chunked prefill (tokens)."

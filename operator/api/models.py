@@ -12,6 +12,7 @@ offline). Rules across objects (a service must fit its tier) are in ``tierlimits
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -26,6 +27,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from strata.common.apigroup import API_VERSION as API_VERSION
+from strata.common.apigroup import GROUP as GROUP
+from strata.common.apigroup import VERSION as VERSION
+from strata.common.hold import HOLD_MAX_REQUESTS, HOLD_TIMEOUT_S
 from strata.operator.api.base import DNS_1035_LABEL, DNS_LABEL, DNS_SUBDOMAIN, ApiModel, exactly_one
 from strata.operator.api.cel import immutable, one_of, rule, rules, size_le
 from strata.operator.api.engine import VLLM_CPU_BLOCK_MULTIPLE, EngineSpec
@@ -37,11 +42,8 @@ from strata.operator.api.quantity import (
     parse_size,
     quantity_fraction,
 )
-from strata.router.config import HOLD_MAX_REQUESTS, HOLD_TIMEOUT_S
 
-GROUP = "strata.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+DEFAULT_TIER = "standard"  # the ServiceTier of a service whose spec names none
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 # Llama-3.1-405B takes 0.5 MiB a token in bfloat16, a 175B model without grouped-query attention
@@ -307,7 +309,7 @@ class InferenceServiceSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra=_REPLICA_RULES)
 
     tier: str = Field(
-        "standard",
+        DEFAULT_TIER,
         min_length=1,
         max_length=TIER_NAME_MAX,
         pattern=DNS_LABEL,
@@ -361,6 +363,13 @@ class InferenceServiceSpec(ApiModel):
                 "for vLLM on the CPU (spec.resources.gpus 0): its CPU attention takes no other"
             )
         return self
+
+    @classmethod
+    def tier_of(cls, spec: Mapping[str, Any] | None) -> str:
+        """The ServiceTier a raw spec (a watched body's) names, else this model's default: the API
+        server fills it in from the CRD, but a snapshot or a test's body may lack it. Reads the name
+        alone, so that a spec invalid otherwise still finds its tier (and its rejection a reason)."""
+        return str((spec or {}).get("tier", cls.model_fields["tier"].default))
 
 
 # --------------------------------------------------------------------------- InferenceService status

@@ -22,10 +22,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from strata.common.tiers import LOCAL_TIERS
 from strata.operator.autoscale.metrics import PodSample
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-LOCAL_TIERS = ("hbm", "dram", "nvme")  # lost with the pod; the shared tier is not
 HIT_HALF_LIFE_S = 300.0  # the default scale-down window: the load the autoscaler looks back on
 MAX_COST = 2**31 - 1  # the annotation is an int32
 

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from strata.common.tiers import LOWER_TIERS
 from strata.operator.resolve import ResolveInput, SpecRejected, resolve
 
 GIB = 2**30
 # resolve() salts the cache namespace with the namespace's UID; sizes do not depend on it.
 ANY_UID = "00000000-0000-0000-0000-000000000000"
-CACHE_TIERS = ("dram", "nvme", "shared")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Footprint:
 @dataclass
 class Usage:
     gpu_seconds: float = 0.0
-    cache_gib_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CACHE_TIERS, 0.0))
+    cache_gib_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOWER_TIERS, 0.0))
 
     def add(self, other: Usage) -> None:
         self.gpu_seconds += other.gpu_seconds
@@ -104,11 +104,11 @@ def merge_usage(existing: Mapping[str, Any] | None, added: Mapping[str, Usage], 
 
 def _usage_of(wire: Mapping[str, Any]) -> Usage:
     hours = wire.get("cacheGiBHours") or {}
-    return Usage(float(wire.get("gpuSeconds") or 0), {t: float(hours.get(t) or 0) for t in CACHE_TIERS})
+    return Usage(float(wire.get("gpuSeconds") or 0), {t: float(hours.get(t) or 0) for t in LOWER_TIERS})
 
 
 def _usage_wire(u: Usage) -> dict[str, Any]:
     return {
         "gpuSeconds": round(u.gpu_seconds, 1),
-        "cacheGiBHours": {t: round(u.cache_gib_hours.get(t, 0.0), 4) for t in CACHE_TIERS},
+        "cacheGiBHours": {t: round(u.cache_gib_hours.get(t, 0.0), 4) for t in LOWER_TIERS},
     }

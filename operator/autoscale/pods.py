@@ -4,10 +4,9 @@ or not, and the URL of a port's metrics on the pod IP."""
 from __future__ import annotations
 
 from strata.operator import names
+from strata.operator.kube import MERGE_PATCH as MERGE_PATCH
 from strata.operator.kube import KubeClient, Obj
 from strata.operator.views import ready_pod
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 async def list_pods(kube: KubeClient, namespace: str, name: str) -> list[Obj]:

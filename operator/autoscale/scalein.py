@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata.common.endpoints import SIDECAR_PORT
 from strata.operator.api import EngineSpec
 from strata.operator.autoscale.cachevalue import (
     DELETION_COST,
@@ -26,7 +27,6 @@ from strata.operator.autoscale.metrics import MetricsError, parse_tier_blocks
 from strata.operator.autoscale.pods import MERGE_PATCH, list_pods, metrics_url, ready
 from strata.operator.autoscale.signals import Scrape
 from strata.operator.kube import KubeClient, Obj
-from strata.operator.resolve import KV_METRICS_PORT
 
 log = logging.getLogger(__name__)
 FORGET_AFTER_S = 4 * HIT_HALF_LIFE_S  # a score this old has decayed to 1/16: the pod is gone
@@ -67,7 +67,7 @@ class ScaleIn:
         if sample is None:
             return None
         held = {"hbm": sample.kv_cached_blocks or 0.0}
-        body = await self.fetch(metrics_url(str(pod["status"]["podIP"]), KV_METRICS_PORT))
+        body = await self.fetch(metrics_url(str(pod["status"]["podIP"]), SIDECAR_PORT))
         if body is not None:
             try:
                 held.update(parse_tier_blocks(body))

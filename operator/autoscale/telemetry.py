@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from strata.common.tiers import LOWER_TIERS
 from strata.operator.autoscale.bottleneck import VERDICTS, Diagnosis
-from strata.operator.autoscale.cost import CACHE_TIERS, Usage
+from strata.operator.autoscale.cost import Usage
 
 ServiceKey = tuple[str, str]  # (namespace, name)
 LABELS = ["namespace", "service", "service_tier"]
@@ -122,6 +123,6 @@ class Telemetry(Collector):
         )
         for (ns, name), s in sorted(self.services.items()):
             gpu.add_metric([ns, name, s.tier], s.cost.gpu_seconds)
-            for tier in CACHE_TIERS:
+            for tier in LOWER_TIERS:
                 cache.add_metric([ns, name, s.tier, tier], s.cost.cache_gib_hours.get(tier, 0.0))
         yield from (gpu, cache)

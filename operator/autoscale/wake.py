@@ -17,14 +17,17 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.common.endpoints import ROUTER_PORT
+from strata.common.hold import HELD_REQUESTS_METRIC
+from strata.operator.api.models import InferenceServiceSpec
+from strata.operator.autoscale.apicalls import ApiCalls
 from strata.operator.autoscale.decide import History, Policy, backlog
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.autoscale.pods import metrics_url
+from strata.operator.autoscale.scrape import Scraper
 from strata.operator.events import EventSink
 from strata.operator.replicas import desired_replicas
-from strata.operator.resolve import ROUTER_PORT
 from strata.operator.views import IndexViews
-from strata.router.metrics import HELD
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ def held_in(text: str) -> float:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == HELD:
+                if sample.name == HELD_REQUESTS_METRIC:
                     return float(sample.value)
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsError(f"not Prometheus text exposition: {exc}") from None
@@ -72,13 +75,11 @@ class Scaler(Protocol):
     @property
     def histories(self) -> dict[str, History]: ...
 
-    async def _get_text(self, url: str) -> str | None: ...
+    @property
+    def scraper(self) -> Scraper: ...
 
-    async def _merge_patch(
-        self, isvc: Mapping[str, Any], subresource: str, body: Mapping[str, Any]
-    ) -> None: ...
-
-    async def _patch_status(self, isvc: Mapping[str, Any], status: Mapping[str, Any]) -> None: ...
+    @property
+    def api(self) -> ApiCalls: ...
 
 
 async def held_requests(scaler: Scaler, isvc: Mapping[str, Any]) -> float:
@@ -86,7 +87,7 @@ async def held_requests(scaler: Scaler, isvc: Mapping[str, Any]) -> float:
     meta = isvc["metadata"]
     routers = scaler.views.ready_routers((meta["namespace"], meta["name"]))
     urls = [metrics_url(r.ip, ROUTER_PORT) for r in routers]
-    texts = await asyncio.gather(*(scaler._get_text(url) for url in urls))
+    texts = await asyncio.gather(*(scaler.scraper.get_text(url) for url in urls))
     total = 0.0
     for text in texts:
         try:
@@ -106,10 +107,10 @@ async def wake(scaler: Scaler, isvc: Mapping[str, Any], uid: str) -> bool:
     if target is None:
         return False
     reason = f"{held:.0f} requests held at the router while at zero: 0 -> {target}"
-    await scaler._merge_patch(isvc, "scale", {"spec": {"replicas": target}})
+    await scaler.api.merge_patch(isvc, "scale", {"spec": {"replicas": target}})
     when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     last = {"time": when, "fromReplicas": 0, "toReplicas": target, "reason": reason}
-    await scaler._patch_status(isvc, {"lastScaling": last})
+    await scaler.api.patch_status(isvc, {"lastScaling": last})
     # the held requests are traffic: the idle clock restarts, so the service is not put back to
     # zero before its new replica has served them
     now = scaler.clock()
@@ -121,7 +122,7 @@ async def wake(scaler: Scaler, isvc: Mapping[str, Any], uid: str) -> bool:
 
 def _policy(scaler: Scaler, spec: Mapping[str, Any]) -> Policy | None:
     """The service's tier policy; None when the tier is missing or invalid (then one replica)."""
-    tier = scaler.views.tier(str(spec.get("tier", "standard")))
+    tier = scaler.views.tier(InferenceServiceSpec.tier_of(spec))
     try:
         return Policy.of(tier.get("spec"), spec) if tier is not None else None
     except ValueError:

@@ -6,11 +6,11 @@ engine mounts the model."""
 
 from __future__ import annotations
 
+from strata.common.kvbudget import KVTIER_STAGING_BYTES
 from strata.operator import names
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest, bytes_quantity
 from strata.operator.settings import OperatorSettings
-from strata.worker.config import KVTIER_STAGING_BYTES
 
 MODEL_DIR = "/models"
 # Headroom above the DRAM tier for what the engine itself puts in /dev/shm (e.g. torch IPC).

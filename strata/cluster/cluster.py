@@ -308,13 +308,3 @@ def read_state(directory: Path) -> dict[str, Any]:
             f"{path}: no cluster state here; start one with `strata cluster up`"
         ) from None
     return state
-
-
-def __getattr__(name: str) -> Any:
-    # launch, start_cluster and ClusterStartError lived here before strata.cluster.startup; a lazy
-    # lookup keeps old imports working without a circular import. Import them from strata.cluster.
-    if name in ("launch", "start_cluster", "ClusterStartError"):
-        from strata.cluster import startup
-
-        return getattr(startup, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,9 +12,8 @@ import time
 
 import httpx
 
+from strata.common.tiers import TIERS
 from strata.operator.autoscale.metrics import VLLM_CACHED, VLLM_SOURCES
-
-TIERS = ("hbm", "dram", "nvme", "shared")
 
 
 def long_prompt(tokens: int) -> str:
@@ -45,7 +44,7 @@ def time_to_first_token(api: str, model: str, prompt: str) -> float:
 
 def per_tier(metrics: str, name: str) -> dict[str, float]:
     """The samples of metric family ``name`` by their ``tier`` label (0 for a tier not shown)."""
-    values = dict.fromkeys(TIERS, 0.0)
+    values: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     for line in metrics.splitlines():
         if line.startswith(name + "{") and 'tier="' in line:
             tier = line.split('tier="', 1)[1].split('"', 1)[0]
@@ -59,7 +58,7 @@ def hit_tokens(api: str) -> dict[str, float]:
     text = httpx.get(f"{api}/metrics", timeout=10).text
     if VLLM_CACHED not in text:
         return per_tier(text, "strata_worker_prefix_hit_tokens_total")
-    tiers = dict.fromkeys(TIERS, 0.0)
+    tiers: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     for line in text.splitlines():
         if line.startswith(VLLM_CACHED + "{") and 'source="' in line:
             tier = VLLM_SOURCES.get(line.split('source="', 1)[1].split('"', 1)[0])

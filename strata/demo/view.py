@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from strata.common.tiers import TIERS
 from strata.loadgen.summary import Summary
-
-TIERS = ("hbm", "dram", "nvme", "shared")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 from strata import stack
 from strata.cluster.cluster import Cluster
 from strata.cluster.podruntime.status import container_statuses
+from strata.common.tiers import TIERS
 from strata.demo import dataplane
 from strata.worker.config import WorkerConfig
 
@@ -182,7 +183,7 @@ def walk(
         before = dataplane.hit_tokens(api)
         ttft = dataplane.time_to_first_token(api, pod.config.model.name, prompt)
         after = dataplane.hit_tokens(api)
-        rows.append((label, ttft, {t: after[t] - before[t] for t in dataplane.TIERS}))
+        rows.append((label, ttft, {t: after[t] - before[t] for t in TIERS}))
         print(f"  {label:<46} TTFT {ttft:6.3f} s", flush=True)
         return rows[-1][2]
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from strata.sim.profile import LowerTier, Profile
+from strata.common.tiers import LowerTier
+from strata.sim.profile import Profile
 from strata.sim.tiers import Key, LowerTiers
 from strata.worker.engine.block_manager import BlockManager
 from strata.worker.kv_connector import BlockRef

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from strata.operator.api.models import DEFAULT_TIER
 from strata.sim.compare import compare, plot
 from strata.sim.policies.catalog import POLICIES, Knobs
 from strata.sim.profiles import resolve
@@ -26,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata sim", description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", help="scenario YAML (services, tiers, traces, GPU budget)")
     p.add_argument("--trace", help="one service replaying this trace (instead of --scenario)")
-    p.add_argument("--tier", default="standard", help="its ServiceTier (default: standard)")
+    p.add_argument("--tier", default=DEFAULT_TIER, help=f"its ServiceTier (default: {DEFAULT_TIER})")
     p.add_argument("--profile", help="gpu, cpu or a profile YAML (default: the scenario's, else gpu)")
     p.add_argument("--gpus", type=int, default=32, help="GPU budget with --trace (default: 32)")
     p.add_argument("--max-replicas", type=int, default=16, help="service maxReplicas with --trace")

@@ -22,13 +22,13 @@ worker's synchronous ``KVConnector.load`` does. A client sees the first token
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-LowerTier = Literal["dram", "nvme", "shared"]
-LOWER_TIERS: tuple[LowerTier, ...] = ("dram", "nvme", "shared")
+from strata.common.blocks import BLOCK_SIZE
+from strata.common.tiers import LowerTier
+
 GB = 1e9
 
 
@@ -60,7 +60,7 @@ class Profile(BaseModel):
     memory_free_bytes: int | None = Field(
         None, gt=0, description="Device memory after the weights; the tier's hbm.kvFraction of it holds KV."
     )
-    engine_block_tokens: int = Field(16, ge=1, description="The engine's block size (tokens).")
+    engine_block_tokens: int = Field(BLOCK_SIZE, ge=1, description="The engine's block size (tokens).")
     max_batched_tokens: int = Field(ge=16, description="Token budget of one step (chunked prefill).")
     max_num_seqs: int = Field(ge=1, description="Most sequences in one batch.")
     max_queue_len: int = Field(256, ge=0, description="Waiting requests beyond this are refused (429).")

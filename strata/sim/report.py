@@ -14,12 +14,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from strata.sim.profile import LOWER_TIERS
+from strata.common.tiers import TIERS
 from strata.sim.requests import REFUSALS, Outcome
 from strata.sim.run import RunResult
 from strata.sim.service import Service
 
-CACHE_TIERS = ("hbm", *LOWER_TIERS)
 WINDOW_S = 60.0
 
 
@@ -51,7 +50,7 @@ def row(service: Service) -> dict[str, Any]:
 
 def hit_ratios(items: Sequence[Outcome]) -> dict[str, float]:
     prompt = sum(o.input_tokens for o in items if o.hit_tokens or o.lone_ttft_s is not None)
-    hits = dict.fromkeys(CACHE_TIERS, 0)
+    hits: dict[str, int] = dict.fromkeys(TIERS, 0)
     for outcome in items:
         for tier, tokens in outcome.hit_tokens:
             hits[tier] = hits.get(tier, 0) + tokens
@@ -96,7 +95,7 @@ def table(summaries: Sequence[dict[str, Any]]) -> str:
     lines = [header, "-" * len(header)]
     for run in summaries:
         for name, r in run["services"].items():
-            hits = "/".join(f"{r['hit_ratio'][t]:.2f}" for t in CACHE_TIERS)
+            hits = "/".join(f"{r['hit_ratio'][t]:.2f}" for t in TIERS)
             ttft = r["ttft_s"]
             lines.append(
                 f"{run['policy']:<13} {name:<10} {r['tier']:<8} {r['requests']:>6} "

@@ -15,11 +15,12 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
+from strata.common.tiers import LOWER_TIERS, Tier
 from strata.router import choose as routing
 from strata.router.load import DecayedTokens
 from strata.router.weights import Measurements, TierWeights, derive
 from strata.sim.engine import Engine
-from strata.sim.profile import LOWER_TIERS, Profile
+from strata.sim.profile import Profile
 from strata.sim.requests import Seq
 from strata.sim.service import Pod
 
@@ -68,11 +69,11 @@ class Router:
         )
 
 
-def held(engine: Engine, blocks: Sequence[object]) -> list[routing.Tier]:
+def held(engine: Engine, blocks: Sequence[object]) -> list[Tier]:
     """Tiers of the leading blocks a replica holds: HBM first, then its lower tiers."""
     keys = [b for b in blocks if isinstance(b, bytes)]
     in_hbm = len(engine.cache.hbm.match(keys, [()] * len(keys)))
-    found: list[routing.Tier] = ["hbm"] * in_hbm
+    found: list[Tier] = ["hbm"] * in_hbm
     return found + list(engine.cache.tiers.lookup(keys[in_hbm:]))
 
 

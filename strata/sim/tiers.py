@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from strata.common.tiers import LowerTier
 from strata.operator.api import ServiceTierSpec
 from strata.operator.api.quantity import parse_size
-from strata.sim.profile import LowerTier
 from strata.worker.kvtier.admission import SightingCounts
 from strata.worker.kvtier.index import Entry, TierIndex
 

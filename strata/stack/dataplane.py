@@ -162,7 +162,6 @@ def router_config(workers: list[str], name: str = "tiny", **overrides: Any) -> d
     """A router in front of fixed worker URLs serving the ``tiny``/``small`` test models."""
     config: dict[str, Any] = {
         "model": {"name": name, "max_context_tokens": 512, "vocab_size": 320},
-        "block_size": 16,
         "host": "127.0.0.1",
         "workers": {"static": workers, "kv_events_port": None},
     }

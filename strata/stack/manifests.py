@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from strata.cluster.nodes import GpuNodeShape
+from strata.common.apigroup import API_VERSION
+from strata.operator.api.models import DEFAULT_TIER
 
 GPU_PRODUCT = GpuNodeShape().gpu_product  # what strata.cluster's default fake GPU nodes carry
 
 
-def inference_service(name: str, tier: str = "standard", **spec: Any) -> dict[str, Any]:
+def inference_service(name: str, tier: str = DEFAULT_TIER, **spec: Any) -> dict[str, Any]:
     """The ``tiny`` builtin model on one GPU; ``spec`` keys replace the defaults' top-level keys."""
     return {
-        "apiVersion": "strata.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "InferenceService",
         "metadata": {"name": name},
         "spec": {

@@ -12,10 +12,10 @@ import urllib.request
 from typing import Any
 
 from strata.cluster.cluster import Cluster
+from strata.common.endpoints import ROUTER_PORT, WORKER_PORT
 from strata.operator import names
 from strata.operator.autoscale.cachevalue import DELETION_COST
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
-from strata.operator.resolve import ROUTER_PORT, SERVER_PORT
 from strata.stack.kube import running_pods
 from strata.stack.wait import wait_for
 
@@ -61,7 +61,7 @@ def worker_pods(cluster: Cluster, namespace: str, service: str) -> list[Pod]:
 
 def pod_sample(pod: Pod, timeout_s: float = 10.0) -> PodSample | None:
     """The worker's own /metrics, parsed as the autoscaler parses them; None if it does not answer."""
-    url = f"http://{loopback_ip(pod)}:{SERVER_PORT}/metrics"
+    url = f"http://{loopback_ip(pod)}:{WORKER_PORT}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as reply:
             return parse_exposition(reply.read().decode())

@@ -25,11 +25,12 @@ import httpx
 import yaml
 
 from strata.cluster.podruntime.images import VLLM_ENV_VAR, VLLM_LOCAL_ENV, vllm_env_dir
+from strata.common.endpoints import ENGINE_EVENTS_PATH
 from strata.operator.render.vllm import serve_args
 from strata.stack.dataplane import stop, wait_ok
 from strata.stack.local import local_resources
 from strata.stack.manifests import inference_service
-from strata.worker.block_events import ENGINE_PATH, parse_line
+from strata.worker.block_events import parse_line
 from strata.worker.config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ def relayed_keys(kv_metrics: str) -> set[bytes]:
     """A vLLM engine's HBM block keys as its sidecar's relay reports them (the stream's snapshot),
     from the sidecar's metrics base URL."""
     keys: set[bytes] = set()
-    with httpx.stream("GET", f"{kv_metrics}{ENGINE_PATH}", timeout=10) as stream:
+    with httpx.stream("GET", f"{kv_metrics}{ENGINE_EVENTS_PATH}", timeout=10) as stream:
         for line in stream.iter_lines():
             event = parse_line(line)
             if event.kind == "synced":

@@ -5,7 +5,7 @@ real put path, another a DRAM tier, others restart on them, and the figures are 
 from __future__ import annotations
 
 from bench import kvtier_memory
-from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK
+from strata.common.kvbudget import INDEX_BYTES_PER_BLOCK
 
 
 def test_the_memory_bench_fills_both_lower_tiers_and_reports_per_block():

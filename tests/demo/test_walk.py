@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from strata.common.tiers import TIERS
 from strata.demo import dataplane, platform
 from strata.demo.walk import blocks_of, replaced_and_ready, restart_counts, restarted_and_ready, table
 
@@ -77,8 +78,8 @@ def test_per_tier_reads_one_family_by_tier_label() -> None:
 
 
 def test_the_table_names_the_tiers_that_served_each_row() -> None:
-    rows = [
-        ("cold (nothing cached)", 0.8, dict.fromkeys(dataplane.TIERS, 0.0)),
+    rows: list[tuple[str, float, dict[str, float]]] = [
+        ("cold (nothing cached)", 0.8, dict.fromkeys(TIERS, 0.0)),
         ("again: prefix in HBM", 0.1, {"hbm": 3984.0, "dram": 0.0, "nvme": 0.0, "shared": 0.0}),
     ]
     lines = table(rows)

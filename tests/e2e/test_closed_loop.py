@@ -37,11 +37,11 @@ import pytest
 import yaml
 
 from strata.cluster import Cluster
+from strata.common.endpoints import WORKER_PORT
 from strata.loadgen.background import BackgroundLoad
 from strata.loadgen.calibrate import compression_for, throughput
 from strata.loadgen.summary import Outcome
 from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests, traces_dir
-from strata.operator.resolve import SERVER_PORT
 from strata.stack import (
     OperatorProcess,
     events,
@@ -235,7 +235,7 @@ def _new_pod_serving(cluster: Cluster, namespace: str, first: str) -> str:
 def _warm(pod: dict[str, Any]) -> None:
     """Requests sharing a long prefix straight to ``pod``: hit tokens in its own cache."""
     client = openai.OpenAI(
-        base_url=f"http://{loopback_ip(pod)}:{SERVER_PORT}/v1", api_key="unused", max_retries=0
+        base_url=f"http://{loopback_ip(pod)}:{WORKER_PORT}/v1", api_key="unused", max_retries=0
     )
     prefix = list(range(40, 40 + 96))
     for i in range(20):

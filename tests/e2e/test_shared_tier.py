@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from strata.cluster import Cluster
+from strata.common.endpoints import SIDECAR_PORT, WORKER_PORT
 from strata.demo import dataplane
-from strata.operator.resolve import KV_METRICS_PORT, SERVER_PORT
 from strata.stack import OperatorProcess, inference_service, local_pods_env, local_resources, operator_running
 from strata.stack.serving import loopback_ip, pod_sample, worker_pods
 from strata.stack.wait import wait_for
@@ -65,7 +65,7 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def kv_metrics(pod: dict[str, Any]) -> str:
-    return httpx.get(f"http://{loopback_ip(pod)}:{KV_METRICS_PORT}/metrics", timeout=10).text
+    return httpx.get(f"http://{loopback_ip(pod)}:{SIDECAR_PORT}/metrics", timeout=10).text
 
 
 def volume_bytes(metrics: str) -> float | None:
@@ -89,7 +89,7 @@ def test_a_replica_serves_a_prefix_another_computed_and_one_sidecar_keeps_the_vo
         return pods if len(pods) == 2 and all(pod_sample(p) for p in pods) else None
 
     first, second = wait_for(both_answer, READY_S, what="both replicas to answer", interval_s=2)
-    api = [f"http://{loopback_ip(p)}:{SERVER_PORT}" for p in (first, second)]
+    api = [f"http://{loopback_ip(p)}:{WORKER_PORT}" for p in (first, second)]
     prompt = dataplane.long_prompt(PROMPT_TOKENS)
 
     dataplane.time_to_first_token(api[0], "tiny", prompt)  # computed on the first replica

@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-import ssl
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s_client
 
 from strata.cluster.podruntime import endpoints, services
 from strata.cluster.podruntime import env as envs
 from strata.cluster.podruntime.endpoints import PodEndpoint
-from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.proxy import ServiceProxy
 from strata.cluster.podruntime.spec import parse_pod
+from strata.operator.kube import KubeClient
 
 
 def service(
@@ -186,7 +186,7 @@ async def _proxy_round_trip() -> tuple[list[bytes], bytes]:
     ]
     ready = {"now": True}
     proxy = ServiceProxy(
-        KubeApi("https://127.0.0.1:1", ssl.create_default_context()),  # never called here
+        KubeClient(k8s_client.Configuration(host="https://127.0.0.1:1")),  # never called here
         f"{base}.0/24",
         lambda: [p if ready["now"] else endpoint(p.ip, ready=False) for p in pods],
     )

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.common.endpoints import EXPECT_PATH
+from strata.common.kvbudget import MAX_EXPECTED
 from strata.worker.kvtier import announced
 from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, MAX_ANNOUNCERS, Announcers, parse, within
-from strata.worker.kvtier.budget import MAX_EXPECTED
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
-from strata.worker.kvtier.protocol import EXPECT_PATH, ExpectConflict
+from strata.worker.kvtier.protocol import ExpectConflict
 from strata.worker.kvtier.service import KVTierService, Owner
 
 from .conftest import kvtier_config

@@ -12,17 +12,24 @@ from types import SimpleNamespace
 
 import pytest
 
+from strata.common import kvbudget as budget
+from strata.common.kvbudget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
+from strata.common.kvbudget import (
+    KVTIER_STAGING_BYTES,
+    LEAST_STAGING_SLOTS,
+    Blocks,
+    fit,
+    fixed_bytes,
+    slot_bytes_for,
+    staging_slots_for,
+)
+from strata.common.sketchsize import footprint, sightings_table_bytes
 from strata.worker import cgroup
 from strata.worker.cgroup import memory_limit
-from strata.worker.config import KVTIER_STAGING_BYTES
-from strata.worker.kvtier import budget
-from strata.worker.kvtier import service as service_module
-from strata.worker.kvtier.admission import SightingCounts, footprint
-from strata.worker.kvtier.arena import slot_bytes_for
-from strata.worker.kvtier.budget import INDEX_BYTES_PER_BLOCK as PER_BLOCK
-from strata.worker.kvtier.budget import LEAST_STAGING_SLOTS, Blocks, fit, fixed_bytes, staging_slots_for
+from strata.worker.kvtier import leases as leases_module
 from strata.worker.kvtier.index import Entry, TierIndex
 from strata.worker.kvtier.service import KVTierService, Owner
+from strata.worker.kvtier.shm import shm_room
 from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
 
 from .conftest import MiB, kvtier_config
@@ -67,7 +74,7 @@ def test_the_fixed_part_counts_the_admission_policies_sketches_and_shadows(root)
     asked = Blocks(dram=64_000, nvme=512_000, shared=0)
     plain = kvtier_config(root, dram={"admission": "always"}, nvme={"admission": "always"})
     learning = kvtier_config(root, dram={"admission": "adaptive"}, nvme={"admission": "doorkeeper"})
-    sightings = SightingCounts.table_bytes(asked.nvme)  # nvme.admit_after_hits' counts
+    sightings = sightings_table_bytes(asked.nvme)  # nvme.admit_after_hits' counts
     dram_table, shadow_keys = footprint("adaptive", asked.dram)
     nvme_table, _ = footprint("doorkeeper", asked.nvme)
     assert shadow_keys and dram_table < nvme_table
@@ -107,7 +114,7 @@ def test_a_sidecar_with_little_memory_indexes_fewer_lower_tier_blocks_and_says_s
     limit = asked.fixed + asked.asked.dram * (SLOT + PER_BLOCK) + (nvme_blocks + 100) * PER_BLOCK
     config = kvtier_config(root / "b", shared=shared, memory_bytes=limit)
     service = KVTierService(config, staging_slots=4)
-    with caplog.at_level(logging.WARNING, logger="strata.worker.kvtier.service"):
+    with caplog.at_level(logging.WARNING, logger="strata.worker.kvtier.assembly"):
         service.configure(SLOT)
     try:
         assert service.nvme is not None and service.shared is not None
@@ -168,13 +175,13 @@ def _volume(monkeypatch, free: int) -> None:
 def test_the_volumes_room_is_what_is_free_and_what_the_arena_holds_less_staging(root, monkeypatch):
     arena = root / "shm" / "kv"  # its directory does not exist yet: the volume above it is read
     _volume(monkeypatch, 200 * MiB)
-    assert budget.shm_room(arena, staging_bytes=8 * MiB) == 192 * MiB - SHM_LEAVE_FREE
+    assert shm_room(arena, staging_bytes=8 * MiB) == 192 * MiB - SHM_LEAVE_FREE
     arena.parent.mkdir()
     arena.write_bytes(b"x" * MiB)  # a restart finds its slots' pages in use: they are ours
     held = os.stat(arena).st_blocks * 512
-    assert budget.shm_room(arena, staging_bytes=8 * MiB) == 192 * MiB + held - SHM_LEAVE_FREE
+    assert shm_room(arena, staging_bytes=8 * MiB) == 192 * MiB + held - SHM_LEAVE_FREE
     with pytest.raises(ValueError, match=r"dram.shm_path: .* staging slots alone need .*--shm-size"):
-        budget.shm_room(arena, staging_bytes=400 * MiB)
+        shm_room(arena, staging_bytes=400 * MiB)
 
 
 def test_a_sidecar_on_a_small_dev_shm_serves_a_smaller_dram_tier_instead_of_a_sigbus(root, monkeypatch):
@@ -199,7 +206,7 @@ def test_announced_requests_past_the_lookaheads_blocks_are_not_announced(root, m
     """The look-ahead's memory is bounded in blocks: a request that would take the connection's
     announced blocks past ``MAX_EXPECTED_BLOCKS`` is refused, the nearer ones keep theirs, and
     what a scheduled request frees is announced again."""
-    monkeypatch.setattr(service_module, "MAX_EXPECTED_BLOCKS", 10)
+    monkeypatch.setattr(leases_module, "MAX_EXPECTED_BLOCKS", 10)
     service = KVTierService(kvtier_config(root), staging_slots=4)
     service.configure(SLOT)
     owner = Owner()

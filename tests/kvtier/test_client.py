@@ -164,8 +164,8 @@ def test_saves_into_dram_carry_their_checksums(root, start_sidecar):
     sidecar = start_sidecar(worker_config(root).kvtier)
     client = client_for(root)
     assert client.stats() is not None  # connected: the sidecar's tiers are set up
-    assert sidecar.service._sealer is not None
-    sidecar.service._sealer.stop()  # so that only the client's checksums can be there
+    assert sidecar.service.state.sealer is not None
+    sidecar.service.state.sealer.stop()  # so that only the client's checksums can be there
     refs = chain("default", list(range(48)))
     data = blocks_for(refs, torch.float32)
     assert client.save_checked(refs, data) == len(refs)

@@ -20,7 +20,7 @@ import torch
 
 from strata.worker.engine.model_runner import allocate_cache
 from strata.worker.kv_connector import PAGE, BlockRef
-from strata.worker.kvtier import client as client_module
+from strata.worker.kvtier import copies as copies_module
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.client import TierClient
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
@@ -152,11 +152,11 @@ def test_a_checked_save_whose_own_write_fails_raises_and_its_slots_go_back(root,
         raise OSError(errno.EIO, "injected")
 
     try:
-        monkeypatch.setattr(client_module, "write_blocks", failing)
+        monkeypatch.setattr(copies_module, "write_blocks", failing)
         with pytest.raises(OSError, match="injected"):
             client.save_checked(blocks, data)
         monkeypatch.undo()
-        writer = service._require().writer  # (configured by the client's hello)
+        writer = service.state.require().writer  # (configured by the client's hello)
         # The sidecar's thread sees the connection end, and gives the slots back.
         eventually(lambda: not writer.in_flight, "the failed save's NVMe slots given back", timeout_s=60)
         assert client.save_checked(blocks, data) == 4 and client.direct_saved == 4
@@ -210,7 +210,7 @@ def test_direct_io_is_refused_naming_why(root, overrides, block_bytes, reason, c
     config = kvtier_config(root, dram={"capacity_bytes": 0}, **overrides)
     service = KVTierService(config)
     try:
-        with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.service"):
+        with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.direct"):
             assert service.configure(block_bytes)["direct_io"] is False
         said = [r.getMessage() for r in caplog.records if "direct_io" in r.getMessage()]
         if service.nvme is None:
@@ -248,7 +248,7 @@ def free_nvme(service: KVTierService) -> int:
 def test_a_sidecar_that_offers_direct_io_says_so_once(root, caplog):
     service = KVTierService(nvme_only(root))
     try:
-        with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.service"):
+        with caplog.at_level(logging.INFO, logger="strata.worker.kvtier.direct"):
             service.configure(BLOCK_BYTES)
             service.configure(BLOCK_BYTES)  # a second client: the tiers are built already
         said = [r.getMessage() for r in caplog.records if "direct_io" in r.getMessage()]

@@ -15,11 +15,13 @@ import pytest
 import torch
 import xxhash
 
-from strata.worker.kvtier import native
+from strata.worker.kvtier import native, xxh3parts
 from strata.worker.kvtier.blockcopy import NATIVE_CHUNK_BYTES
 
 COMPILER = shutil.which("cc")
+BUILDABLE = COMPILER is not None and native.header() is not None
 needs_cc = pytest.mark.skipif(COMPILER is None, reason="no C compiler on this machine")
+needs_build = pytest.mark.skipif(not BUILDABLE, reason="no C compiler or no xxhash.h (libxxhash-dev) here")
 K = 1024
 # XXH3 switches paths at 16, 128 and 240 bytes, and hashes long inputs in 1 KiB blocks.
 SIZES = [0, 1, 3, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 1089, 4 * K + 63]
@@ -29,10 +31,10 @@ SIZES += [2 * K * K, 2 * K * K + 3]
 
 @pytest.fixture(scope="module")
 def routine() -> native.CopyHash:
-    if COMPILER is None:
-        pytest.skip("no C compiler on this machine")
+    if not BUILDABLE:
+        pytest.skip("no C compiler or no xxhash.h (libxxhash-dev) here")
     loaded = native.copyhash()
-    assert loaded is not None, "a compiler is here, so the routine must build and load"
+    assert loaded is not None, "a compiler and the header are here, so the routine must build and load"
     return loaded
 
 
@@ -73,7 +75,7 @@ def test_a_streamed_copy_is_the_same_copy_and_the_same_digest(routine, size, off
     assert not dst[:offset].any() and not dst[offset + size :].any(), "not one byte outside it"
 
 
-@needs_cc
+@needs_build
 def test_racing_builders_share_one_library(tmp_path):
     """Engine and sidecar may build at once: both end with a loadable library, no temp left."""
     results: list[Path | None] = []
@@ -90,12 +92,29 @@ def test_racing_builders_share_one_library(tmp_path):
     assert native.bind(results[0]).hash(0, 0) == xxhash.xxh3_64_intdigest(b"")
 
 
+@pytest.mark.skipif(native.header() is None, reason="no xxhash.h (libxxhash-dev) here")
 def test_without_a_compiler_it_falls_back_and_says_why(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert native.build(tmp_path, str(tmp_path / "no-such-cc")) is None
     (record,) = [r for r in caplog.records if getattr(r, "event", None) == "native_fallback"]
     assert "no-such-cc" in record.getMessage()
     assert list(tmp_path.iterdir()) == [], "no temporary file left behind"
+
+
+def test_without_xxhash_h_it_falls_back_and_names_the_package(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(native, "INCLUDE_DIRS", (str(tmp_path / "none"),))
+    monkeypatch.delenv("C_INCLUDE_PATH", raising=False)
+    monkeypatch.delenv("CPATH", raising=False)
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.build(tmp_path, str(COMPILER or "cc")) is None
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "native_fallback"]
+    assert "libxxhash-dev" in record.getMessage()
+
+
+def test_the_secret_is_the_headers(routine):
+    """The GPU's hash keys its words with the secret the host's library was built with."""
+    assert routine.secret() == xxh3parts.from_header(native.header())
+    assert len(routine.secret()) == xxh3parts.SECRET_BYTES
 
 
 @needs_cc

@@ -57,7 +57,7 @@ def waiting_for_promotions(monkeypatch: pytest.MonkeyPatch, service: KVTierServi
     """Set once a thread waits for another promotion's read to end (a load of the same blocks,
     or ``close``)."""
     waiting = threading.Event()
-    condition = service._promoted
+    condition = service.state.promoted
     real = condition.wait
 
     def wait(timeout: float | None = None) -> bool:
@@ -260,7 +260,7 @@ def test_loads_saves_prefetches_and_sweeps_at_once_keep_every_block_and_slot(roo
     assert (
         len(set(nvme._free)) == len(nvme._free) and len(nvme._free) + len(nvme.index) == nvme.store.num_slots
     )
-    assert not nvme._leases and not service._reading
+    assert not nvme._leases and not service.state.reading
     # A read that met another block in its slot (one evicted and its slot rewritten meanwhile)
     # would have failed its checksum: none did.
     assert all(service.metrics.corrupt_blocks.labels(t)._value.get() == 0 for t in ("dram", "nvme"))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from strata.worker import logs
+from strata.common import logs
 from strata.worker.kvtier import allocator, cli, protocol
 from strata.worker.kvtier.arena import checksum
 from strata.worker.kvtier.server import handle

@@ -254,15 +254,15 @@ def test_admit_after_hits_counts_survive_with_whichever_tier_survives(root, nvme
     service = make(root, **overrides)
     try:
         for _ in range(2):
-            service._require().saw(key(5))
+            service.state.require().saw(key(5))
     finally:
         service.close()
     again = make(root, **overrides)
     try:
         states = again.stats()["admission_state"]
         assert isinstance(states, dict) and states["sightings"] == "restored"
-        assert again._require().seen.count(key(5)) == 2
-        assert again._require().seen.count(key(6)) == 0
+        assert again.state.require().seen.count(key(5)) == 2
+        assert again.state.require().seen.count(key(6)) == 0
     finally:
         again.close()
     kept, gone = root / "nvme" / "sightings.bin", root / "shm" / "kv.sightings"

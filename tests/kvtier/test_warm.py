@@ -200,8 +200,8 @@ def test_a_slot_reused_before_its_new_block_was_sealed_has_no_record(root, monke
     small: dict[str, Any] = {**NO_LOWER, "dram": {"capacity_bytes": 2 * BLOCK}}
     service = make(root, **small)
     put(service, [0, 1])
-    assert service.wait_sealed(10) and service._sealer is not None
-    monkeypatch.setattr(service._sealer, "add", lambda keys: None)  # killed before sealing
+    assert service.wait_sealed(10) and service.state.sealer is not None
+    monkeypatch.setattr(service.state.sealer, "add", lambda keys: None)  # killed before sealing
     put(service, [2, 3])
     service.close()
     again = make(root, **small)

@@ -31,9 +31,9 @@ import pytest
 
 from strata.cluster import Cluster
 from strata.cluster.nodes import LOCAL_TOLERATION, POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
+from strata.common.endpoints import WORKER_PORT
 from strata.observe import dashboard, rules
 from strata.observe.prometheus import Prometheus
-from strata.operator.resolve import SERVER_PORT
 from strata.stack import (
     free_port,
     get,
@@ -153,7 +153,7 @@ def services(cluster: Cluster, chart_on_local_node: None) -> Iterator[str]:
         for name in ("datapath", "hbm"):
             wait_ready(cluster, namespace, name, timeout_s=READY_S)
             (pod,) = running_pods(cluster, namespace, name)
-            loads.append(Load(f"http://{pod['status']['podIP']}:{SERVER_PORT}/v1"))
+            loads.append(Load(f"http://{pod['status']['podIP']}:{WORKER_PORT}/v1"))
             for i in range(CLIENTS):
                 pool.submit(loads[-1].run, i)
         yield namespace

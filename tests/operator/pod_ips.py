@@ -8,12 +8,12 @@ import random
 
 from aiohttp import web
 
-from strata.operator.resolve import SERVER_PORT
+from strata.common.endpoints import WORKER_PORT
 
 NOBODY = "127.208.0.1"  # a pod IP where nothing listens: the scrape is refused at once
 
 
-async def serve_as_pod(runner: web.AppRunner, port: int = SERVER_PORT, attempts: int = 20) -> str:
+async def serve_as_pod(runner: web.AppRunner, port: int = WORKER_PORT, attempts: int = 20) -> str:
     """Start ``runner`` on ``port`` of a free address of 127.200.0.0/13; that address."""
     for _ in range(attempts):
         ip = f"127.{random.randint(200, 207)}.{random.randint(0, 255)}.{random.randint(1, 254)}"

@@ -47,20 +47,20 @@ async def test_a_refusing_pod_is_scraped_less_and_less_then_again_when_it_answer
     clock = Clock()
     scaler.clock = clock
     attempts: list[float] = []
-    real_get = scaler._get_text
+    real_get = scaler.scraper.get_text
 
     async def counted(url: str) -> str | None:
         attempts.append(clock.now)
         return await real_get(url)
 
-    scaler._get_text = counted  # type: ignore[method-assign]
+    scaler.scraper.get_text = counted  # type: ignore[method-assign]
     for _ in range(40):  # ten minutes of 15 s intervals
         await scaler.tick()
         clock.now += 15
     assert 7 <= len(attempts) <= 12, attempts  # every interval would be 40
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert gaps[:2] == [15, 15] and max(gaps) <= BACKOFF_CAP_S + 15
-    assert scaler.backoff.failures("pa") == len(attempts)
+    assert scaler.scraper.backoff.failures("pa") == len(attempts)
     async with metrics_server() as address:  # the pod's endpoint answers now
         kube.ip = address
         scaler.views = kube.views
@@ -68,6 +68,6 @@ async def test_a_refusing_pod_is_scraped_less_and_less_then_again_when_it_answer
             await scaler.tick()
             clock.now += 15
     await scaler.close()
-    assert scaler.backoff.failures("pa") == 0
+    assert scaler.scraper.backoff.failures("pa") == 0
     written = [body["status"]["signals"] for what, body in kube.patches if what == "status"]
     assert written and written[-1]["kvCacheUsage"] == 0.95  # its signals count again

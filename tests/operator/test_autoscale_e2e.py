@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from strata.cluster.cluster import Cluster
-from strata.operator.resolve import SERVER_PORT
+from strata.common.endpoints import WORKER_PORT
 from strata.stack import (
     OperatorProcess,
     events,
@@ -84,7 +84,7 @@ class PodMetrics:
 
     def _serve(self, ip: str) -> None:
         try:
-            server = ThreadingHTTPServer((ip, SERVER_PORT), self.handler)
+            server = ThreadingHTTPServer((ip, WORKER_PORT), self.handler)
         except OSError:
             # Pods of every namespace are listed, so a real worker still draining on the local
             # node (an earlier test's) may hold its IP: it is not ours to stand in for, and the

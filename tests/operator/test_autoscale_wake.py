@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from strata.common.endpoints import ROUTER_PORT
 from strata.operator import names
 from strata.operator.autoscale import wake
 from strata.operator.autoscale.decide import Policy
@@ -19,7 +20,6 @@ from strata.operator.autoscale.loop import Autoscaler, Peering
 from strata.operator.autoscale.metrics import MetricsError
 from strata.operator.events import RecordedEvents
 from strata.operator.kube import KubeClient, Obj
-from strata.operator.resolve import ROUTER_PORT
 from strata.operator.views import IndexViews, PodRef
 from strata.router.choose import Prompt
 from strata.router.config import RouterConfig

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from strata.cluster import Cluster
-from strata.operator.resolve import SERVER_PORT
+from strata.common.endpoints import WORKER_PORT
 from strata.stack import (
     OperatorProcess,
     get,
@@ -57,7 +57,7 @@ def test_a_worker_pod_serves_on_its_pod_ip_and_is_scraped_there(
     (pod,) = running_pods(cluster, namespace, "chat")
     assert pod["spec"]["nodeName"].startswith("local-node-")
     ip = pod["status"]["podIP"]
-    client = openai.OpenAI(base_url=f"http://{ip}:{SERVER_PORT}/v1", api_key="unused", timeout=120)
+    client = openai.OpenAI(base_url=f"http://{ip}:{WORKER_PORT}/v1", api_key="unused", timeout=120)
     completion = client.completions.create(model="tiny", prompt="The cache", max_tokens=4)
     assert completion.choices[0].text and completion.usage is not None
     with urllib.request.urlopen(f"http://{ip}:8001/health", timeout=10) as reply:

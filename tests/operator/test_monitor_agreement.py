@@ -11,6 +11,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+from strata.common.hold import HELD_REQUESTS_METRIC
 from strata.observe.monitors import meta_label
 from strata.operator import names
 from strata.operator.render.configmap import render_configmap
@@ -20,7 +21,6 @@ from strata.operator.resolve import ResolveInput, resolve
 from strata.operator.settings import OperatorSettings
 from strata.router.config import RouterConfig
 from strata.router.main import make_app
-from strata.router.metrics import HELD
 
 from .factories import NS_UID, isvc_body, tier_body
 from .test_chart import CHART, KUBE_VERSION, helm
@@ -105,4 +105,4 @@ async def test_the_routers_monitor_selects_the_router_pods_and_scrapes_what_the_
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
             resp = await client.get(endpoint["path"])
             assert resp.status == 200
-            assert HELD in await resp.text()  # what the autoscaler wakes a service by
+            assert HELD_REQUESTS_METRIC in await resp.text()  # what the autoscaler wakes a service by

@@ -102,7 +102,7 @@ async def two_intervals(kube: FakeKube | None = None) -> tuple[FakeKube, Autosca
             views=kube.views,
             clock=clock,
         )
-        scaler.usage_write_interval_s = 5.0
+        scaler.accounting.usage_write_interval_s = 5.0
         await scaler.tick()
         clock.now += 10.0
         await scaler.tick()

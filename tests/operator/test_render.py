@@ -8,6 +8,15 @@ import json
 import pytest
 import yaml
 
+from strata.common.kvbudget import (
+    INDEX_BYTES_PER_BLOCK,
+    KVTIER_STAGING_BYTES,
+    asked_blocks,
+    fit,
+    fixed_bytes,
+    slot_bytes_for,
+    staging_slots_for,
+)
 from strata.operator import names
 from strata.operator.api.quantity import parse_size
 from strata.operator.plan import OwnerRef
@@ -21,15 +30,7 @@ from strata.operator.render.volumes import SHM_HEADROOM_BYTES
 from strata.operator.render.workload import render_workload
 from strata.operator.resolve import GENERATION_BUDGET_S, SIDECAR_MEMORY_OVERHEAD_BYTES, ResolveInput, resolve
 from strata.operator.settings import OperatorSettings
-from strata.worker.config import DRAIN_CUTOFF_S, KVTIER_STAGING_BYTES, WorkerConfig
-from strata.worker.kvtier.arena import slot_bytes_for
-from strata.worker.kvtier.budget import (
-    INDEX_BYTES_PER_BLOCK,
-    asked_blocks,
-    fit,
-    fixed_bytes,
-    staging_slots_for,
-)
+from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
 
 from .factories import NS_UID, isvc_body, tier_body
 
@@ -164,7 +165,7 @@ def test_without_the_figure_a_small_models_shared_index_is_fitted_and_with_it_it
 
 
 def sidecar_fit(kvtier, block_bytes, limit):
-    """What the sidecar's own fit keeps within ``limit`` for the model's blocks (service._fit_memory)."""
+    """What the sidecar's own fit keeps within ``limit`` for the model's blocks (Assembly.fit_memory)."""
     slot = slot_bytes_for(block_bytes)
     asked = asked_blocks(kvtier, block_bytes)
     return fit(asked, limit, fixed_bytes(kvtier, asked, slot, staging_slots_for(slot)), slot)

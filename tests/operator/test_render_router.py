@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from strata.common.routermemory import followed_limit
 from strata.operator import names
 from strata.operator.render.configmap import render_configmap
 from strata.operator.render.router import POD_READER_RULES, render_router
@@ -18,7 +19,6 @@ from strata.operator.resolve import ResolveInput, resolve
 from strata.operator.settings import OperatorSettings, Resources
 from strata.router.config import HoldConfig, RouterConfig
 from strata.router.discovery import pod_state
-from strata.router.view import followed_limit
 from strata.worker.kv_connector import root_hash
 
 from .factories import NS_UID, isvc_body, tier_body

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+from strata.common.kvbudget import KVTIER_STAGING_BYTES
 from strata.operator.api.engine import owned_flag_reason, vllm_flag
 from strata.operator.render.common import bytes_quantity
 from strata.operator.render.pod import render_pod_template
 from strata.operator.render.volumes import SHM_HEADROOM_BYTES, TP_SHM_BYTES_PER_GPU
 from strata.operator.resolve import ResolveInput, resolve
 from strata.operator.settings import OperatorSettings
-from strata.worker.config import KVTIER_STAGING_BYTES, engine_event_endpoints
+from strata.worker.config import engine_event_endpoints
 
 from .factories import NS_UID, isvc_body, tier_body
 

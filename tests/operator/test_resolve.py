@@ -62,7 +62,6 @@ def test_rendered_config_round_trips_through_the_worker_schema():
     assert WorkerConfig.from_yaml(plan.worker.to_yaml()) == plan.worker
     assert plan.worker.model.name == "tiny" and plan.worker.engine.device == "cuda"
     assert plan.worker.engine.kv_memory_fraction == 0.95
-    assert plan.worker.service_tier == "batch"
 
 
 def test_pinned_prefixes_and_cpu_threads_reach_the_worker_config():

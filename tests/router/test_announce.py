@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from bench import routing_lookahead
+from strata.common.endpoints import EXPECT_PATH
 from strata.router import announce
 from strata.router.announce import RESEND_S, Announcer, Sent, due, message, plan
 from strata.router.choose import Prompt
@@ -21,7 +22,6 @@ from strata.router.config import RouterConfig
 from strata.router.fleet import Address, Fleet
 from strata.router.gate import Gate, Queued
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
-from strata.worker.kvtier.protocol import EXPECT_PATH
 from strata.worker.kvtier.service import KVTierService
 
 BLOCK_TOKENS = 16

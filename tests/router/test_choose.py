@@ -8,7 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from strata.router.choose import Candidate, Lookup, Policy, Prompt, Tier, choose
+from strata.common.tiers import Tier
+from strata.router.choose import Candidate, Lookup, Policy, Prompt, choose
 from strata.router.weights import TierWeights
 
 WEIGHTS = TierWeights(hbm=0.0, dram=0.1, nvme=0.3, shared=0.6)

@@ -3,15 +3,9 @@ down, shared-tier blocks pooled across endpoints, lower-tier keys within one fol
 
 from __future__ import annotations
 
-from strata.router.choose import Tier
-from strata.router.view import (
-    FOLLOWED_BYTES_PER_KEY,
-    BlockView,
-    FollowBudget,
-    SharedPool,
-    followed_limit,
-    memory_to_follow,
-)
+from strata.common.routermemory import FOLLOWED_BYTES_PER_KEY, followed_limit, memory_to_follow
+from strata.common.tiers import Tier
+from strata.router.view import BlockView, FollowBudget, SharedPool
 from strata.worker.block_events import Event
 
 

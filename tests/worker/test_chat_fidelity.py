@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from strata.worker.chat_template import load_chat_template
+from strata.common.openai.chat_template import load_chat_template
 from strata.worker.tokenizer import load_tokenizer
 from tests.worker.chat_checkpoint import CONVERSATIONS, FIXTURES
 

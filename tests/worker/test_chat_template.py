@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from strata.worker.chat_template import ChatTemplateError, load_chat_template, plain_transcript
+from strata.common.openai.chat_template import ChatTemplateError, load_chat_template, plain_transcript
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.models.errors import ModelLoadError
 from strata.worker.server.app import build_app

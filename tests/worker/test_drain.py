@@ -12,8 +12,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from strata.common.openai.errors import DRAINING_HEADER
 from strata.worker.server.app import build_app
-from strata.worker.server.drain import DRAINING_HEADER, Drain
+from strata.worker.server.drain import Drain
 from strata.worker.server.engine_loop import EngineLoop
 from strata.worker.server.generate import DRAINING_MESSAGE
 from tests.worker.conftest import EngineFactory

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from strata.worker.chat_template import ChatTemplateError, load_chat_template
+from strata.common.openai.chat_template import ChatTemplateError, load_chat_template
+from strata.common.openai.protocol import parse_request
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.engine.sequence import SamplingParams
 from strata.worker.models.generation import GenerationDefaults, load_generation_defaults
@@ -20,7 +21,6 @@ from strata.worker.models.presets import write_model
 from strata.worker.server.app import build_app
 from strata.worker.server.engine_loop import EngineLoop
 from strata.worker.server.generate import sampling_params
-from strata.worker.server.protocol import parse_request
 from strata.worker.tokenizer import load_tokenizer
 from tests.worker.chat_checkpoint import BOS_ID, END_OF_TEXT_ID, EOT_ID, REFERENCE, write_chat_files
 from tests.worker.conftest import make_config

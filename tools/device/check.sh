@@ -59,6 +59,9 @@ if [ -d .device/wheels ]; then
 else
   echo "device-check: no .device/wheels (make device-wheels here, and carry .device)"
 fi
+if [ -f .device/include/xxhash.h ]; then  # the KV tiers' copy-and-checksum builds on it
+  export C_INCLUDE_PATH=$PWD/.device/include${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}
+fi
 SIZES=""  # on the GPU, gpu-check's own (the small model, a 4k prompt, a batch of 16)
 if [ "$DEVICE" = cpu ]; then SIZES="--preset tiny --prompt-tokens 256 --batch 2 --decode-tokens 4"; fi
 if [ "$DEVICE" = cuda ]; then step pagelock 60 python3 tools/device/pagelock_probe.py /dev/shm /tmp "$PWD"; fi

@@ -14,3 +14,7 @@ mkdir -p "$DEST"
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d "$DEST" pydantic cryptography pytest-asyncio
 echo "device-wheels: $(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1) in $DEST"
+# xxhash.h, which the KV tiers' copy-and-checksum is built on, should the image lack it: beside
+# the wheels, in include/ (check.sh puts it on the compiler's path).
+HEADER=$(tools/native-deps.sh | sed -n 's/^native-deps: \(\/.*xxhash\.h\)$/\1/p' | tail -n 1)
+if [ -n "$HEADER" ]; then mkdir -p "$DEST/../include" && cp "$HEADER" "$DEST/../include/"; fi

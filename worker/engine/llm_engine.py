@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from strata.common.openai.chat_template import ChatTemplate, load_chat_template
 from strata.worker import request_limits
-from strata.worker.chat_template import ChatTemplate, load_chat_template
 from strata.worker.config import EngineConfig, WorkerConfig
 from strata.worker.engine.block_manager import BlockManager
 from strata.worker.engine.kv_tiers import TierBridge

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from strata.worker.kv_connector import Tier
+from strata.common.tiers import TIERS, Tier
 
-TIERS: tuple[Tier, ...] = ("hbm", "dram", "nvme", "shared")
 # Calls to the KV-tier connector that a step waits on (prefetch only queues work).
 TIER_OPS = ("lookup", "load", "save")
 

@@ -23,24 +23,25 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from strata.common.sketchsize import (
+    COUNTER_MAX,
+    DOORKEEPER_WINDOW,
+    PACKED_MAX,
+    SKETCH_MAX_BYTES,
+    shadows,
+    sightings_table_bytes,
+    sightings_window,
+    sketch_width,
+)
+from strata.common.sketchsize import SIGHTINGS_MOST as SIGHTINGS_MOST
+from strata.common.sketchsize import footprint as footprint
+from strata.common.sketchsize import sketch_bytes as sketch_bytes
 from strata.worker.kvtier import policy
 
 Key = Hashable
 ADMISSIONS = ("always", "doorkeeper", "adaptive")
 
 MASK64 = (1 << 64) - 1
-# A doorkeeper only asks "seen before?": counters of up to 3 (two bits) gave the same hit ratios
-# as 4-bit ones (TinyLFU's) on both traces, within 0.0003 at every capacity, at a quarter of the
-# memory the byte-wide counters took (32 bytes per block of capacity instead of 128).
-COUNTER_MAX = 3
-PACKED_MAX = 3  # counters up to this are packed four to a byte
-# A sketch's most bytes: 2M blocks' worth of a doorkeeper's (at 32 per block), so that a DRAM and
-# an NVMe tier's sketches, the admit_after_hits counts and a save's copy of the largest stay
-# within the sidecar's fixed memory overhead (operator/render/pod.py) whatever the block size.
-SKETCH_MAX_BYTES = 64 << 20
-DOORKEEPER_WINDOW = 16
-SHADOW_BLOCKS = 2048  # shadow tiers are sampled down to about this many blocks
-SIGHTINGS_WINDOW = 1 << 20  # most sightings between halvings of the NVMe tier's admit_after_hits counts
 SCORE_HORIZON = 10  # ghost hits are weighed over about this many times the capacity in sightings
 EXPORT_SLICE = 1 << 22  # bytes of counters copied per hold of the GIL when exporting
 _HALVE = bytes(v >> 1 for v in range(256))
@@ -67,20 +68,6 @@ def stable_hash(key: Key) -> int:
         value = hash(key)
     value = (value * 0x9E3779B97F4A7C15) & MASK64
     return value ^ (value >> 31)
-
-
-def sketch_width(sample_size: int, most: int = COUNTER_MAX, max_bytes: int = SKETCH_MAX_BYTES) -> int:
-    """Columns of a :class:`FrequencySketch`: the power of two at or above ``2 x sample_size``
-    (at least 16 sightings), narrower where its table would outgrow ``max_bytes``."""
-    column_bytes = 1 if most <= PACKED_MAX else 4
-    widest = 1 << max(4, (max_bytes // column_bytes).bit_length() - 1)  # a power of two
-    return min(1 << (2 * max(16, sample_size) - 1).bit_length(), widest)
-
-
-def sketch_bytes(sample_size: int, most: int = COUNTER_MAX, max_bytes: int = SKETCH_MAX_BYTES) -> int:
-    """The table a :class:`FrequencySketch` of these parameters takes."""
-    width = sketch_width(sample_size, most, max_bytes)
-    return width if most <= PACKED_MAX else 4 * width
 
 
 class FrequencySketch:
@@ -227,18 +214,18 @@ class SightingCounts(SketchLearner):
     collide (rarely: four rows, each twice as wide as the window). At most 8 MiB, where the
     dict of the last million keys it replaces took 168 MiB."""
 
-    MOST = 255
+    MOST = SIGHTINGS_MOST
 
     def __init__(self, capacity: int) -> None:
-        self.sketch = FrequencySketch(self.window(capacity), most=self.MOST)
+        self.sketch = FrequencySketch(sightings_window(capacity), most=self.MOST)
 
     @staticmethod
     def window(capacity: int) -> int:
-        return min(SIGHTINGS_WINDOW, DOORKEEPER_WINDOW * max(1, capacity))
+        return sightings_window(capacity)
 
     @classmethod
     def table_bytes(cls, capacity: int) -> int:
-        return sketch_bytes(cls.window(capacity), cls.MOST)
+        return sightings_table_bytes(capacity)
 
     def saw(self, key: Key) -> None:
         self.sketch.increment(key)
@@ -369,25 +356,6 @@ class Adaptive:
             raise ValueError(f"score: {learnt.score} is not a finite number")
         self.gate.restore(learnt)
         self.score = learnt.score
-
-
-def shadows(capacity: int) -> tuple[int, int]:
-    """An adaptive policy's sampling rate (one key in ``rate``) and its shadow tiers' capacity."""
-    capacity = max(1, capacity)
-    rate = max(1, capacity // SHADOW_BLOCKS)
-    return rate, max(1, capacity // rate)
-
-
-def footprint(name: str, capacity: int) -> tuple[int, int]:
-    """What the policy ``name`` holds for a tier of ``capacity`` blocks: its sketches' bytes,
-    and the keys its shadow tiers index (keys and eviction order only, no data)."""
-    if name == "always":
-        return 0, 0
-    gate = sketch_bytes(DOORKEEPER_WINDOW * max(1, capacity))
-    if name == "doorkeeper":
-        return gate, 0
-    _, shadow_capacity = shadows(capacity)
-    return gate + sketch_bytes(DOORKEEPER_WINDOW * shadow_capacity), 2 * shadow_capacity
 
 
 def make_admission(name: str, capacity: int, eviction: str) -> Admission:

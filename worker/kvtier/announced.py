@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata.worker.kvtier.budget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS, nearest_within
+from strata.common.kvbudget import MAX_EXPECTED, MAX_EXPECTED_BLOCKS, nearest_within
 from strata.worker.kvtier.protocol import ExpectConflict
 from strata.worker.kvtier.service import KVTierService, Owner
 

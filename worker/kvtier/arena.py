@@ -19,17 +19,9 @@ from pathlib import Path
 
 import xxhash
 
-from strata.worker.kv_connector import PAGE
 from strata.worker.kvtier.native import copyhash
 
 log = logging.getLogger(__name__)
-
-
-def slot_bytes_for(block_bytes: int) -> int:
-    """A slot holds one block, rounded up to a whole page."""
-    if block_bytes <= 0:
-        raise ValueError(f"block_bytes: must be > 0, got {block_bytes}")
-    return -(-block_bytes // PAGE) * PAGE
 
 
 def checksum(data: memoryview | bytes) -> int:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from strata.worker import logs
+from strata.common import logs
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig, engine_event_endpoints
 from strata.worker.kvtier import allocator

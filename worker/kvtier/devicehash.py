@@ -131,18 +131,22 @@ def _signed(word: int) -> int:
 def usable(blocks: Sequence[torch.Tensor]) -> bool:
     """Whether :func:`checksums` can hash these blocks: Triton there, each block on a CUDA
     device (or any, interpreted), contiguous, 8-byte aligned, of one length over 240 bytes in
-    whole words."""
+    whole words; and XXH3's secret to key them with (``xxh3parts.available``)."""
     if triton is None or not blocks:
         return False
     size = blocks[0].numel() * blocks[0].element_size()
-    return all(
-        (t.is_cuda or INTERPRETED)
-        and t.device == blocks[0].device
-        and t.is_contiguous()
-        and t.data_ptr() % 8 == 0
-        and t.numel() * t.element_size() == size
-        for t in blocks
-    ) and (size >= xxh3parts.SMALLEST and size % 8 == 0)
+    return (
+        all(
+            (t.is_cuda or INTERPRETED)
+            and t.device == blocks[0].device
+            and t.is_contiguous()
+            and t.data_ptr() % 8 == 0
+            and t.numel() * t.element_size() == size
+            for t in blocks
+        )
+        and (size >= xxh3parts.SMALLEST and size % 8 == 0)
+        and xxh3parts.available()  # last: the first call may build the native library
+    )
 
 
 def checksums(blocks: Sequence[torch.Tensor], checked: bool = False) -> list[int]:

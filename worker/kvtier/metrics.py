@@ -19,6 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from strata.common.endpoints import ENGINE_EVENTS_PATH, EVENTS_PATH, EXPECT_PATH
 from strata.worker import block_events
 from strata.worker.block_events import BlockEvents
 from strata.worker.kvtier import protocol
@@ -195,16 +196,16 @@ def serve_http(
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            if self.path != protocol.EXPECT_PATH or announce is None:
+            if self.path != EXPECT_PATH or announce is None:
                 self._reply(404, b"not found\n", "text/plain")
                 return
             code, answer = _announce(announce, self.headers.get("Content-Length"), self.rfile)
             self._reply(code, json.dumps(answer).encode(), "application/json")
 
         def do_GET(self) -> None:
-            if self.path == block_events.PATH and events is not None:
+            if self.path == EVENTS_PATH and events is not None:
                 self._stream(events)
-            elif self.path == block_events.ENGINE_PATH and engine_events is not None:
+            elif self.path == ENGINE_EVENTS_PATH and engine_events is not None:
                 self._stream(engine_events)
             elif self.path == "/metrics":
                 self._reply(200, metrics.render(), CONTENT_TYPE_LATEST)

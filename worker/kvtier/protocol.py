@@ -13,12 +13,12 @@ import socket
 import struct
 from typing import Any
 
-from strata.worker.logs import REQUEST_ID
+from strata.common.logs import REQUEST_ID
 
 MAX_FRAME = 64 * 2**20
-# The routers' look-ahead, over HTTP on the metrics port (``announced``): the path, and the
-# largest body (131,072 keys of 32 hex characters, and the JSON around them).
-EXPECT_PATH = "/kv/expect"
+# The routers' look-ahead, over HTTP on the metrics port (``announced``, at
+# ``strata.common.endpoints.EXPECT_PATH``): the largest body (131,072 keys of 32 hex characters,
+# and the JSON around them).
 EXPECT_MAX_BODY_BYTES = 16 << 20
 # The id of the request the engine was working for when it sent a message (absent otherwise):
 # the sidecar logs its lines about that message under the same id as the router and the worker.

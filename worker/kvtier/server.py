@@ -16,6 +16,7 @@ from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
+from strata.common.logs import REQUEST_ID
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTierConfig
 from strata.worker.kvtier import protocol
@@ -23,7 +24,6 @@ from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, Announcers
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
 from strata.worker.kvtier.protocol import Message
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
-from strata.worker.logs import REQUEST_ID
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 :func:`~strata.worker.kvtier.arena.checksum`, so a block hashed on the GPU is checked by the
 sidecar, the NVMe tier and recovery like any other.
 
-XXH3 over more than 240 bytes (xxhash.h, ``XXH3_hashLong_64``): eight 64-bit accumulators; the
+XXH3 over more than 240 bytes (xxhash.h's ``XXH3_hashLong_64``): eight 64-bit accumulators; the
 input is read in stripes of 64 bytes, 16 stripes to a 1 KiB block, stripe ``s`` keyed by the
 secret's bytes from ``8 * s``; after each whole block the accumulators are scrambled. The last,
 partial block's stripes are keyed the same way, then the input's last 64 bytes with the
@@ -18,6 +18,8 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from strata.worker.kvtier import native
 
 MASK64 = (1 << 64) - 1
 PRIME32_1 = 0x9E3779B1
@@ -39,7 +41,6 @@ SECRET_BYTES = 192
 LAST_STRIPE_KEY_START = SECRET_BYTES - STRIPE_BYTES - 7  # XXH_SECRET_LASTACC_START
 MERGE_KEY_START = 11  # XXH_SECRET_MERGEACCS_START
 SMALLEST = 241  # shorter inputs take XXH3's other paths, which read no stripes
-HEADER = Path(__file__).parent / "native" / "xxhash.h"  # the vendored xxhash the host hashes by
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,32 @@ def layout(length: int) -> Layout:
 
 @functools.cache
 def secret() -> bytes:
-    """XXH3's default secret, read from the vendored header (one copy of the 192 bytes)."""
-    text = HEADER.read_text()
+    """XXH3's default secret, from the host's own copy of xxhash (one copy of the 192 bytes): the
+    compiled copy-and-checksum's, else the system header's. RuntimeError where there is neither."""
+    routine = native.copyhash()
+    data = routine.secret() if routine is not None else from_header(native.header())
+    if len(data) != SECRET_BYTES:
+        raise RuntimeError(f"XXH3's secret has {len(data)} bytes, not {SECRET_BYTES}")
+    return data
+
+
+def available() -> bool:
+    """Whether the secret can be had here (the GPU's hash needs it)."""
+    try:
+        secret()
+    except RuntimeError:
+        return False
+    return True
+
+
+def from_header(header: Path | None) -> bytes:
+    if header is None:
+        raise RuntimeError("no xxhash.h and no compiled copy-and-checksum: install libxxhash-dev")
+    text = header.read_text()
     table = re.search(r"XXH3_kSecret\[XXH_SECRET_DEFAULT_SIZE\]\s*=\s*\{([^}]*)\}", text)
     if table is None:
-        raise RuntimeError(f"{HEADER}: XXH3_kSecret not found")
-    data = bytes(int(byte, 16) for byte in re.findall(r"0x([0-9a-fA-F]{2})", table.group(1)))
-    if len(data) != SECRET_BYTES:
-        raise RuntimeError(f"{HEADER}: XXH3_kSecret has {len(data)} bytes, not {SECRET_BYTES}")
-    return data
+        raise RuntimeError(f"{header}: XXH3_kSecret not found")
+    return bytes(int(byte, 16) for byte in re.findall(r"0x([0-9a-fA-F]{2})", table.group(1)))
 
 
 def _word(offset: int) -> int:

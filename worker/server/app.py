@@ -14,12 +14,14 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from strata.common.openai.auth import api_key_check
+from strata.common.openai.errors import json_errors
+from strata.common.openai.model_list import model_list
+from strata.common.openai.request_id import echo_request_id, request_ids
 from strata.worker.block_events import BlockEvents
 from strata.worker.server import block_stream
-from strata.worker.server.auth import api_key_check
 from strata.worker.server.drain import Drain
 from strata.worker.server.engine_loop import EngineLoop
-from strata.worker.server.errors import json_errors
 from strata.worker.server.generate import (
     DRAIN_KEY,
     LOOP_KEY,
@@ -27,8 +29,6 @@ from strata.worker.server.generate import (
     generate,
 )
 from strata.worker.server.metrics import WorkerMetrics
-from strata.worker.server.request_id import echo_request_id, request_ids
-from strata.worker.server.responses import model_list
 
 log = logging.getLogger(__name__)
 

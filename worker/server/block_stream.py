@@ -12,6 +12,7 @@ import contextlib
 
 from aiohttp import web
 
+from strata.common.endpoints import EVENTS_PATH
 from strata.worker.block_events import HEARTBEAT_S, BlockEvents, Pacer
 
 EVENTS_KEY = web.AppKey("block_events", BlockEvents)
@@ -58,4 +59,4 @@ def install(app: web.Application, events: BlockEvents) -> None:
         app[CLOSING_KEY].set()
 
     app.on_shutdown.append(close_streams)
-    app.router.add_get("/kv/events", kv_events)
+    app.router.add_get(EVENTS_PATH, kv_events)

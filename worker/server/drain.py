@@ -13,10 +13,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-# Set on the 503 a draining worker answers: the request never ran, so a router may send it to
-# another replica (unlike other 5xx, which may come after work was done).
-DRAINING_HEADER = "X-Strata-Draining"
-
 
 @dataclass
 class Outcome:

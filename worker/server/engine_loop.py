@@ -13,10 +13,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from strata.common.logs import REQUEST_ID
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams, Sequence, TokenLogprob
-from strata.worker.logs import REQUEST_ID
 
 log = logging.getLogger(__name__)
 

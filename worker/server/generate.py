@@ -11,18 +11,18 @@ from typing import Any
 
 from aiohttp import web
 
+from strata.common.openai.errors import DRAINING_HEADER, ApiError, error_response, retry_after_s
+from strata.common.openai.protocol import ApiRequest, Kind, parse_request
+from strata.common.openai.request_id import REQUEST_ID_KEY
 from strata.worker import request_limits
 from strata.worker.engine.scheduler import QueueFull
 from strata.worker.engine.sequence import SamplingParams, TokenLogprob
 from strata.worker.models.generation import GenerationDefaults
 from strata.worker.request_limits import RequestError
 from strata.worker.server.detok import Detokenizer, shown_tokens
-from strata.worker.server.drain import DRAINING_HEADER, Drain, Outcome
+from strata.worker.server.drain import Drain, Outcome
 from strata.worker.server.engine_loop import EngineLoop, RequestHandle, TokenEvent
-from strata.worker.server.errors import ApiError, error_response, retry_after_s
 from strata.worker.server.metrics import WorkerMetrics
-from strata.worker.server.protocol import ApiRequest, Kind, parse_request
-from strata.worker.server.request_id import REQUEST_ID_KEY
 from strata.worker.server.responses import LogprobsFormat, response_body, stream_chunk, usage, usage_chunk
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from strata.worker.engine.stats import TIERS
+from strata.common.tiers import TIERS
 from strata.worker.server.engine_loop import EngineLoop
 from strata.worker.server.vllm_metrics import VllmMetrics
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from strata.common.openai.protocol import ApiRequest
 from strata.worker.engine.sequence import TokenLogprob
-from strata.worker.server.protocol import ApiRequest
 from strata.worker.tokenizer import Tokenizer
 
 
@@ -114,9 +114,3 @@ def usage_chunk(req: ApiRequest, use: dict[str, Any]) -> dict[str, Any]:
     body = _envelope(req, True, [])
     body["usage"] = use
     return body
-
-
-def model_list(name: str, max_model_len: int) -> dict[str, Any]:
-    """``GET /v1/models``: the one model served (the worker's and the router's answer)."""
-    card = {"id": name, "object": "model", "owned_by": "strata", "created": 0, "max_model_len": max_model_len}
-    return {"object": "list", "data": [card]}

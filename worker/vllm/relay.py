@@ -1,5 +1,5 @@
 """The KV-tier sidecar's relay of its vLLM engine's KV events: the engine's HBM blocks as Strata
-keys, served to routers like every other block-event stream (``block_events.ENGINE_PATH``).
+keys, served to routers like every other block-event stream (``strata.common.endpoints.ENGINE_EVENTS_PATH``).
 
 vLLM publishes its events on a ZMQ PUB socket it binds on an ``ipc://`` path in the pod's
 socket directory (nothing listens on the network, and pods sharing a node never collide); the

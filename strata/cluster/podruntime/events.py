@@ -7,8 +7,8 @@ import logging
 import time
 from typing import Any
 
-from strata.cluster.podruntime.kubeapi import ApiError, KubeApi
 from strata.cluster.podruntime.status import timestamp
+from strata.operator.kube import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
 COMPONENT = "strata-pod-runtime"
@@ -52,7 +52,7 @@ def pod_ref(namespace: str, name: str, uid: str, container: str | None = None) -
 
 
 async def emit(
-    api: KubeApi, involved: dict[str, Any], reason: str, message: str, host: str, warning: bool = False
+    api: KubeClient, involved: dict[str, Any], reason: str, message: str, host: str, warning: bool = False
 ) -> None:
     """Record an event; a failure to record one is logged, never raised (events are best effort)."""
     type_ = "Warning" if warning else "Normal"
@@ -67,6 +67,6 @@ async def emit(
     body = event_body(involved, reason, message, type_, host, time.time())
     namespace = body["metadata"]["namespace"]
     try:
-        await api.create(f"/api/v1/namespaces/{namespace}/events", body)
-    except (ApiError, OSError) as error:
+        await api.create_path(f"/api/v1/namespaces/{namespace}/events", body)
+    except (KubeError, OSError) as error:
         log.warning("could not record event %s: %s", reason, error)

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 
 from strata.cluster.podruntime.images import Images
-from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.mounts import IMAGE_CODE
+from strata.operator.kube import KubeClient
 
 HOST_IP = "127.0.0.1"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -40,7 +40,7 @@ def image_env(api_port: int) -> dict[str, str]:
 
 @dataclass
 class Host:
-    api: KubeApi
+    api: KubeClient
     repo_root: Path  # the checkout the containers run
     root: Path  # <cluster>/pod-runtime: pods/<key>/ (volumes, launch specs), claims/<pv>/
     logs: Path  # <cluster>/logs/pods: <key>/<container>/<n>.log

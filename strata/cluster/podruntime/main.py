@@ -26,10 +26,11 @@ from strata.cluster.podruntime.endpoints import LOOPBACK, PodEndpoint
 from strata.cluster.podruntime.env import quantity
 from strata.cluster.podruntime.host import SHUTDOWN_GRACE_S, Host, image_env
 from strata.cluster.podruntime.images import Images, vllm_env_dir
-from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.nodeagent import NodeAgent
 from strata.cluster.podruntime.proxy import ServiceProxy
 from strata.cluster.podruntime.spec import parse_pod
+from strata.operator.kube import KubeClient
+from strata.operator.kubewatch import watch
 
 log = logging.getLogger("strata.cluster.podruntime")
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -72,7 +73,7 @@ class Runtime:
 
     async def _watch_nodes(self) -> None:
         params = {"labelSelector": f"{POD_RUNTIME_LABEL}={POD_RUNTIME_LOCAL}"}
-        async for event in self.host.api.watch("/api/v1/nodes", params):
+        async for event in watch(self.host.api, "/api/v1/nodes", params):
             name = event.object["metadata"]["name"]
             if event.type == "DELETED":
                 await self._drop(name)
@@ -96,7 +97,7 @@ class Runtime:
         """Say, once per pod, why a pod meant for the local nodes waits for CPU."""
         warned: set[str] = set()
         params = {"fieldSelector": "spec.nodeName=,status.phase=Pending"}
-        async for event in self.host.api.watch("/api/v1/pods", params):
+        async for event in watch(self.host.api, "/api/v1/pods", params):
             uid = event.object["metadata"]["uid"]
             if event.type == "DELETED" or uid in warned:
                 continue
@@ -152,7 +153,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace, problem: str | None) -> None:
-    api = KubeApi.from_kubeconfig(args.kubeconfig)
+    api = KubeClient.from_kubeconfig(args.kubeconfig)
     port = urllib.parse.urlsplit(api.server).port or 443
     images = Images(image_env(port), vllm_env_dir(REPO_ROOT))
     host = Host(api, REPO_ROOT, args.root.resolve(), args.logs.resolve(), images)

@@ -11,9 +11,10 @@ from typing import Any
 
 from strata.cluster.podruntime import network
 from strata.cluster.podruntime.host import HOST_IP, Host, Node
-from strata.cluster.podruntime.kubeapi import STRATEGIC, ApiError, Event
 from strata.cluster.podruntime.status import timestamp
 from strata.cluster.podruntime.worker import PodWorker
+from strata.operator.kube import STRATEGIC_MERGE_PATCH, KubeError
+from strata.operator.kubewatch import Event, watch
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +97,16 @@ class NodeAgent:
     async def _status_loop(self) -> None:
         path = f"/api/v1/nodes/{self.node.name}/status"
         while True:
-            with contextlib.suppress(ApiError, OSError, asyncio.TimeoutError):
+            with contextlib.suppress(KubeError, OSError, asyncio.TimeoutError):
                 body = {"status": node_status(self.node.name, _now(), self.problem)}
-                await self.host.api.patch(path, body, STRATEGIC)
+                await self.host.api.patch_path(path, body, STRATEGIC_MERGE_PATCH)
             await asyncio.sleep(STATUS_REPORT_S)
 
     async def _lease_loop(self) -> None:
         while True:
             try:
                 await self._renew_lease()
-            except (TimeoutError, ApiError, OSError) as error:
+            except (TimeoutError, KubeError, OSError) as error:
                 log.warning("lease of node %s not renewed: %s", self.node.name, error)
             await asyncio.sleep(LEASE_RENEW_S)
 
@@ -116,12 +117,12 @@ class NodeAgent:
             "leaseDurationSeconds": LEASE_DURATION_S,
             "renewTime": micro_time(_now()),
         }
-        if await self.host.api.get(path) is not None:
-            await self.host.api.patch(path, {"spec": spec})
+        if await self.host.api.read_path(path) is not None:
+            await self.host.api.patch_path(path, {"spec": spec})
             return
         owner = {"apiVersion": "v1", "kind": "Node", "name": self.node.name, "uid": self.uid}
         metadata = {"name": self.node.name, "namespace": "kube-node-lease", "ownerReferences": [owner]}
-        await self.host.api.create(
+        await self.host.api.create_path(
             LEASES,
             {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec},
         )
@@ -129,7 +130,7 @@ class NodeAgent:
     # -- pods ----------------------------------------------------------------------------------
     async def _pods_loop(self) -> None:
         params = {"fieldSelector": f"spec.nodeName={self.node.name}"}
-        async for event in self.host.api.watch("/api/v1/pods", params):
+        async for event in watch(self.host.api, "/api/v1/pods", params):
             await self._on_pod(event)
 
     async def _on_pod(self, event: Event) -> None:
@@ -177,8 +178,10 @@ class NodeAgent:
         """A finished pod being deleted: nothing runs, so its object goes at once."""
         meta = obj["metadata"]
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
-        with contextlib.suppress(ApiError):
-            await self.host.api.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", body)
+        with contextlib.suppress(KubeError):
+            await self.host.api.delete_path(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", body
+            )
 
 
 def _now() -> float:

@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 from strata.cluster.podruntime import endpoints
 from strata.cluster.podruntime.endpoints import Listener, PodEndpoint
-from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.services import Service, parse_service
+from strata.operator.kube import KubeClient
+from strata.operator.kubewatch import watch
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0
@@ -29,7 +30,7 @@ PodSource = Callable[[], Iterable[PodEndpoint]]
 
 
 class ServiceProxy:
-    def __init__(self, api: KubeApi, service_cidr: str, pods: PodSource) -> None:
+    def __init__(self, api: KubeClient, service_cidr: str, pods: PodSource) -> None:
         self.api, self.service_cidr, self.pods = api, service_cidr, pods
         self.services: dict[tuple[str, str], Service] = {}
         self.servers: dict[Listener, asyncio.Server] = {}
@@ -38,7 +39,7 @@ class ServiceProxy:
 
     async def run(self) -> None:
         try:
-            async for event in self.api.watch("/api/v1/services", {}):
+            async for event in watch(self.api, "/api/v1/services", {}):
                 try:
                     service = parse_service(event.object)
                 except ValidationError as error:  # never seen from an apiserver; one bad object stops nothing

@@ -18,7 +18,6 @@ from typing import Any
 
 from strata.cluster.podruntime import env as envs
 from strata.cluster.podruntime import launch
-from strata.cluster.podruntime.kubeapi import KubeApi
 from strata.cluster.podruntime.mounts import PodDirs, claim_name
 from strata.cluster.podruntime.spec import (
     ConfigMapVolume,
@@ -31,6 +30,7 @@ from strata.cluster.podruntime.spec import (
     TokenProjection,
     Volume,
 )
+from strata.operator.kube import KubeClient
 
 TOKEN_MIN_EXPIRATION_S = 600
 
@@ -41,7 +41,7 @@ class VolumeError(RuntimeError):
 
 @dataclass
 class VolumeContext:
-    api: KubeApi
+    api: KubeClient
     facts: envs.PodFacts
     dirs: PodDirs
     claims_root: Path
@@ -79,7 +79,7 @@ def _select(
 
 async def _keyed(ctx: VolumeContext, directory: Path, kind: str, source: ConfigMapVolume, name: str) -> None:
     plural = "configmaps" if kind == "configmap" else "secrets"
-    obj = await ctx.api.get(f"/api/v1/namespaces/{ctx.pod.metadata.namespace}/{plural}/{name}")
+    obj = await ctx.api.read_path(f"/api/v1/namespaces/{ctx.pod.metadata.namespace}/{plural}/{name}")
     if obj is None:
         if source.optional:
             return
@@ -110,7 +110,7 @@ async def _token(ctx: VolumeContext, directory: Path, source: TokenProjection) -
         spec["audiences"] = [source.audience]
     account = ctx.pod.spec.service_account_name
     path = f"/api/v1/namespaces/{meta.namespace}/serviceaccounts/{account}/token"
-    answer = await ctx.api.create(
+    answer = await ctx.api.create_path(
         path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
     )
     write_file(directory / source.path, answer["status"]["token"].encode(), 0o600)
@@ -153,7 +153,7 @@ def _host_path(source: HostPathVolume) -> None:
 
 async def _claim_dir(ctx: VolumeContext, claim: str) -> Path:
     namespace = ctx.pod.metadata.namespace
-    obj = await ctx.api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+    obj = await ctx.api.read_path(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
     if obj is None or (obj.get("status") or {}).get("phase") != "Bound":
         raise VolumeError(f"persistentvolumeclaim {claim}: not bound yet")
     return _ensure_dir(ctx.claims_root / str(obj["spec"]["volumeName"]))

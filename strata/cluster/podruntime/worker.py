@@ -24,10 +24,10 @@ from strata.cluster.podruntime import probes as probing
 from strata.cluster.podruntime.endpoints import PodEndpoint
 from strata.cluster.podruntime.host import HOST_IP, MIN_GRACE_S, Host, Node
 from strata.cluster.podruntime.images import ImageUnavailable
-from strata.cluster.podruntime.kubeapi import STRATEGIC, ApiError
-from strata.cluster.podruntime.mounts import Mount, PodDirs, container_mounts, image_mount
+from strata.cluster.podruntime.mounts import Mount, PodDirs, container_mounts, environment_mounts, image_mount
 from strata.cluster.podruntime.spec import Container, Pod, Probe, parse_pod
 from strata.cluster.podruntime.status import Addresses, container_statuses, pod_status
+from strata.operator.kube import STRATEGIC_MERGE_PATCH, KubeError
 
 log = logging.getLogger(__name__)
 VOLUME_RETRY_S = 2.0
@@ -131,7 +131,7 @@ class PodWorker:
     async def _prepare_volumes(self) -> bool:
         try:
             self.claims = await volumes.prepare_all(self._volume_context())
-        except (volumes.VolumeError, envs.ContainerConfigError, ApiError) as error:
+        except (volumes.VolumeError, envs.ContainerConfigError, KubeError) as error:
             await self._event("FailedMount", f"MountVolume.SetUp failed: {error}", warning=True)
             return False
         refresh = volumes.token_refresh_s(self.pod)
@@ -142,7 +142,7 @@ class PodWorker:
         context = self._volume_context()
         for volume in self.pod.spec.volumes:
             if volume.projected is not None:
-                with contextlib.suppress(volumes.VolumeError, ApiError):
+                with contextlib.suppress(volumes.VolumeError, KubeError):
                     await volumes.prepare(context, volume)
         refresh = volumes.token_refresh_s(self.pod)
         self.token_due = now + refresh if refresh else None
@@ -152,7 +152,9 @@ class PodWorker:
         found: dict[str, dict[str, str] | None] = {}
         for kind, name in envs.referenced_sources(container):
             plural = "configmaps" if kind == "configmap" else "secrets"
-            obj = await self.host.api.get(f"/api/v1/namespaces/{self.pod.metadata.namespace}/{plural}/{name}")
+            obj = await self.host.api.read_path(
+                f"/api/v1/namespaces/{self.pod.metadata.namespace}/{plural}/{name}"
+            )
             found[f"{kind}/{name}"] = None if obj is None else _string_data(obj, kind == "secret")
         return found
 
@@ -174,13 +176,10 @@ class PodWorker:
             mounts = [
                 image_mount(str(self.host.repo_root)),
                 *container_mounts(self.pod, container, self.dirs, env, self.claims or {}),
-                *(
-                    Mount(str(d), str(d), read_only=True)
-                    for d in self.host.images.directories(container.image)
-                ),
+                *environment_mounts(self.host.images.directories(container.image)),
             ]
             _make_sub_paths(mounts)
-        except (envs.ContainerConfigError, ImageUnavailable, ApiError, KeyError, OSError) as error:
+        except (envs.ContainerConfigError, ImageUnavailable, KubeError, KeyError, OSError) as error:
             self.records[name] = records.start_failed(record, "CreateContainerConfigError", str(error), now)
             await self._event("Failed", f"Error: {error}", container=name, warning=True)
             return
@@ -338,8 +337,8 @@ class PodWorker:
     async def _delete_object(self) -> None:
         meta = self.pod.metadata
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta.uid}}
-        with contextlib.suppress(ApiError):
-            await self.host.api.delete(f"/api/v1/namespaces/{meta.namespace}/pods/{meta.name}", body)
+        with contextlib.suppress(KubeError):
+            await self.host.api.delete_path(f"/api/v1/namespaces/{meta.namespace}/pods/{meta.name}", body)
 
     def _cancel_tasks(self) -> None:
         for tasks in self.tasks.values():
@@ -356,10 +355,10 @@ class PodWorker:
         meta = self.pod.metadata
         body = {"metadata": {"uid": meta.uid}, "status": status}
         try:
-            await self.host.api.patch(
-                f"/api/v1/namespaces/{meta.namespace}/pods/{meta.name}/status", body, STRATEGIC
+            await self.host.api.patch_path(
+                f"/api/v1/namespaces/{meta.namespace}/pods/{meta.name}/status", body, STRATEGIC_MERGE_PATCH
             )
-        except (TimeoutError, ApiError, OSError) as error:
+        except (TimeoutError, KubeError, OSError) as error:
             log.warning("status of %s not written: %s", self.pod.key, error)
             return False
         self.written = status

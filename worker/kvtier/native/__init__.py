@@ -1,13 +1,14 @@
 """The compiled copy-and-checksum routine (``copyhash.c``), built on first use and loaded with
 ctypes, which releases the GIL for each call.
 
-The library is compiled with the system's C compiler (``$CC``, else ``cc``) into a cache
-directory, named by a hash of the sources, the flags and this CPU's features, so a change to any
-of them builds afresh and a home shared by unlike machines never loads a library built for
+The library is compiled with the system's C compiler (``$CC``, else ``cc``) on the system's
+``xxhash.h`` (Debian's libxxhash-dev, which ``make venv`` installs: tools/native-deps.sh) into a
+cache directory, named by a hash of the sources, the header, the flags and this CPU's features,
+so a change to any of them builds afresh and a home shared by unlike machines never loads a library built for
 another CPU. Engine and sidecar may build at once: each compiles into a temporary name and
 renames it into place atomically. ``strata kvtier build-native`` builds it ahead (``make venv``
-does). Without a compiler (or with a failing one) the callers fall back to the Python path, and
-say so once in the log.
+does). Without a compiler or the header (or with a failing one) the callers fall back to the
+Python path, and say so once in the log.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ import xxhash
 log = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).parent
-SOURCE_FILES = ("copyhash.c", "xxhash.h")
-ABI = 2  # strata_copyhash_abi() of the library this module binds to
+SOURCE_FILES = ("copyhash.c",)
+HEADER = "xxhash.h"
+INCLUDE_DIRS = ("/usr/local/include", "/usr/include")  # after $C_INCLUDE_PATH and $CPATH
+ABI = 3  # strata_copyhash_abi() of the library this module binds to
 # -march=native: XXH3's AVX2/AVX-512 loops are 2x its SSE2 one here (the copy's hash rides on
 # them); the cache key names the CPU's features. Compilers refusing it get the portable flags.
 FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
@@ -66,6 +69,10 @@ class CopyHash:
         """XXH3-64 of ``size`` bytes at ``address``."""
         return int(self.lib.strata_hash(address, size))
 
+    def secret(self) -> bytes:
+        """XXH3's default secret, as the header the library was built on has it."""
+        return ctypes.string_at(self.lib.strata_xxh3_secret(), self.lib.strata_xxh3_secret_size())
+
 
 @functools.cache
 def copyhash() -> CopyHash | None:
@@ -94,15 +101,28 @@ def cache_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
+def header() -> Path | None:
+    """The system's ``xxhash.h``, where the compiler looks for it first; None where there is none."""
+    listed = (d for name in ("C_INCLUDE_PATH", "CPATH") for d in os.environ.get(name, "").split(os.pathsep))
+    for directory in (*(d for d in listed if d), *INCLUDE_DIRS):
+        if (Path(directory) / HEADER).is_file():
+            return Path(directory) / HEADER
+    return None
+
+
 def build(directory: Path, compiler: str) -> Path | None:
-    """The library in ``directory``, compiled now unless already there; None (logged) when no
-    flag set compiles it."""
+    """The library in ``directory``, compiled now unless already there; None (logged) when there
+    is no header to build it on or no flag set compiles it."""
+    found = header()
+    if found is None:
+        _fallback(f"no {HEADER} to build {SOURCE_FILES[0]} on: install libxxhash-dev (tools/native-deps.sh)")
+        return None
     errors: list[str] = []
     for flags in FLAG_SETS:
         target = directory / f"copyhash-{build_key(compiler, flags)}.so"
         if target.exists():
             return target
-        error = _compile(compiler, flags, target)
+        error = _compile(compiler, (f"-I{found.parent}", *flags), target)
         if error is None:
             return target
         errors.append(error)
@@ -114,6 +134,8 @@ def build_key(compiler: str, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for name in SOURCE_FILES:
         digest.update((SOURCES / name).read_bytes())
+    found = header()
+    digest.update(found.read_bytes() if found is not None else b"")
     digest.update(" ".join((compiler, *flags, platform.machine(), _cpu_features())).encode())
     return digest.hexdigest()[:16]
 
@@ -157,6 +179,8 @@ def bind(path: Path) -> CopyHash:
     lib.strata_copy_hash.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
     lib.strata_hash.restype = ctypes.c_uint64
     lib.strata_hash.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.strata_xxh3_secret.restype = ctypes.c_void_p
+    lib.strata_xxh3_secret_size.restype = ctypes.c_size_t
     pointers = ctypes.POINTER(ctypes.c_void_p)
     sizes, sums = ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_uint64)
     for many in (lib.strata_copy_hash_many, lib.strata_copy_hash_stream_many):

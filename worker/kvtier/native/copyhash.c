@@ -14,22 +14,38 @@
  * cache holds. The chunk is then hashed from the source, which the copy just brought into
  * this core's cache: the same bytes, so the same digest.
  *
- * XXH3 comes from the vendored single header xxhash.h (BSD-2-Clause, Yann Collet).
+ * XXH3 comes from the system's xxhash.h (Debian's libxxhash-dev: BSD-2-Clause, Yann Collet),
+ * inlined whole. Its long-input loop's internals changed in 0.8.2 (XXH3_accumulate lost its
+ * function argument, XXH3_finalizeLong_64b appeared): ACCUMULATE and FINALIZE take either.
  */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #define XXH_INLINE_ALL
-#include "xxhash.h"
+#include <xxhash.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
+#if XXH_VERSION_NUMBER >= 802
+#define ACCUMULATE(acc, input, secret, stripes) XXH3_accumulate(acc, input, secret, stripes)
+#define FINALIZE(acc, secret, n) XXH3_finalizeLong_64b(acc, secret, n)
+#else
+#define ACCUMULATE(acc, input, secret, stripes) \
+    XXH3_accumulate(acc, input, secret, stripes, XXH3_accumulate_512)
+#define FINALIZE(acc, secret, n) \
+    XXH3_mergeAccs(acc, (secret) + XXH_SECRET_MERGEACCS_START, (n) * XXH_PRIME64_1)
+#endif
+
 /* Bumped when a signature changes: the loader refuses a library of another version. */
-int strata_copyhash_abi(void) { return 2; }
+int strata_copyhash_abi(void) { return 3; }
 
 uint64_t strata_hash(const void *data, size_t n) { return XXH3_64bits(data, n); }
+
+/* XXH3's default secret, for the GPU's hash of the same blocks (xxh3parts.py). */
+const void *strata_xxh3_secret(void) { return XXH3_kSecret; }
+size_t strata_xxh3_secret_size(void) { return sizeof(XXH3_kSecret); }
 
 /* Copy ``n`` bytes with non-temporal stores where the target allows them (SSE2, a 16-byte
  * aligned destination); plain memcpy elsewhere. The caller fences once at the end. */
@@ -80,16 +96,16 @@ static uint64_t copy_hash_long(xxh_u8 *dst, const xxh_u8 *src, size_t n, size_t 
         else
             memcpy(dst + b * block, src + b * block, m * block);
         for (size_t i = b; i < b + m; i++) {
-            XXH3_accumulate(acc, hashed + i * block, secret, stripes);
+            ACCUMULATE(acc, hashed + i * block, secret, stripes);
             XXH3_scrambleAcc(acc, secret + secret_size - XXH_STRIPE_LEN);
         }
     }
     size_t const done = blocks * block;
     memcpy(dst + done, src + done, n - done);
-    XXH3_accumulate(acc, hashed + done, secret, ((n - 1) - done) / XXH_STRIPE_LEN);
+    ACCUMULATE(acc, hashed + done, secret, ((n - 1) - done) / XXH_STRIPE_LEN);
     XXH3_accumulate_512(acc, hashed + n - XXH_STRIPE_LEN,
                         secret + secret_size - XXH_STRIPE_LEN - XXH_SECRET_LASTACC_START);
-    return XXH3_finalizeLong_64b(acc, secret, (xxh_u64)n);
+    return FINALIZE(acc, secret, (xxh_u64)n);
 }
 
 static uint64_t copy_hash(void *dst, const void *src, size_t n, size_t chunk, int stream) {

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from strata.worker.logs import REQUEST_ID
-from strata.worker.server.errors import Handler
+from strata.common.logs import REQUEST_ID
+from strata.common.openai.errors import Handler
 
 HEADER = "X-Request-Id"
 REQUEST_ID_KEY = web.RequestKey("request_id", str)

@@ -9,7 +9,7 @@ import hmac
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from strata.worker.server.errors import ApiError, Handler, error_response
+from strata.common.openai.errors import ApiError, Handler, error_response
 
 MISSING_KEY = "invalid or missing API key: send Authorization: Bearer <key>"
 

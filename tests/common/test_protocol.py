@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from strata.worker.server.errors import ApiError
-from strata.worker.server.messages import chat_messages
-from strata.worker.server.protocol import parse_request
+from strata.common.openai.errors import ApiError
+from strata.common.openai.messages import chat_messages
+from strata.common.openai.protocol import parse_request
 
 
 def chat(**fields: Any) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
-from strata.worker.logs import REQUEST_ID, JsonFormatter
-from strata.worker.server.request_id import request_id
+from strata.common.logs import REQUEST_ID, JsonFormatter
+from strata.common.openai.request_id import request_id
 
 
 def record(msg: str, *args: object, exc: bool = False, **extra: object) -> logging.LogRecord:
@@ -82,7 +82,7 @@ def test_setup_writes_to_stderr_as_it_is_when_a_line_is_logged(monkeypatch) -> N
     import io
     import sys
 
-    from strata.worker import logs
+    from strata.common import logs
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", list(root.handlers))

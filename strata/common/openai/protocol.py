@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from strata.worker.chat_template import ChatTemplate
-from strata.worker.server.errors import ApiError as ApiError  # the router imports it from here
-from strata.worker.server.errors import bad
-from strata.worker.server.messages import render_chat
-from strata.worker.server.request_id import new_request_id
+from strata.common.openai.chat_template import ChatTemplate
+from strata.common.openai.errors import ApiError as ApiError  # the router imports it from here
+from strata.common.openai.errors import bad
+from strata.common.openai.messages import render_chat
+from strata.common.openai.request_id import new_request_id
 
 Kind = Literal["completion", "chat"]
 MAX_LOGPROBS = 20

@@ -1,4 +1,4 @@
-"""Structured logs for the worker and the KV-tier sidecar: one JSON object per line.
+"""Structured logs for the worker, the router and the KV-tier sidecar: one JSON object per line.
 
 A hand-written format string breaks on a quote in a message and spreads a traceback over many
 lines; a formatter that builds a dict and ``json.dumps`` it cannot. The request id of the request

@@ -11,6 +11,9 @@ from typing import Any
 from aiohttp import web
 
 log = logging.getLogger(__name__)
+# Set on the 503 a draining worker answers: the request never ran, so a router may send it to
+# another replica (unlike other 5xx, which may come after work was done).
+DRAINING_HEADER = "X-Strata-Draining"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

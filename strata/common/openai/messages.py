@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.worker.chat_template import ChatTemplate, ChatTemplateError, Message, plain_transcript
-from strata.worker.server.errors import bad
+from strata.common.openai.chat_template import ChatTemplate, ChatTemplateError, Message, plain_transcript
+from strata.common.openai.errors import bad
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MESSAGE_KEYS = ("role", "content", "name", "tool_call_id")

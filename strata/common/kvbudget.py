@@ -13,21 +13,24 @@ shared tier gives way first (its index bounds only what this worker writes there
 on the volume stays readable), then NVMe, then DRAM; and it says so (a warning, the capacity
 gauges, ``stats()["memory"]``).
 
-The DRAM tier's slots are fitted to the memory-backed volume too (``shm_room``): a page past a
-full tmpfs is a SIGBUS in whoever touches it, and Docker's default ``/dev/shm`` is 64 MiB.
+Pure arithmetic, shared by the planes: the operator sizes the sidecar's container with
+``needed_bytes``, the sidecar fits its tiers with ``fit``, and routers bound their look-ahead
+with ``nearest_within`` and the ``MAX_EXPECTED`` limits.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from typing import Protocol
 
-from strata.worker.config import KVTIER_STAGING_BYTES, KVTierConfig
-from strata.worker.kvtier.admission import SightingCounts, footprint
-from strata.worker.kvtier.arena import slot_bytes_for
-from strata.worker.kvtier.sightings import SHM_LEAVE_FREE
+from strata.common.blocks import PAGE
+from strata.common.sketchsize import footprint, sightings_table_bytes
+
+# The KV-tier sidecar's staging slots (blocks passing between the engine and the lower tiers)
+# take at most this much of the pod's /dev/shm and of the sidecar's memory, beside the DRAM tier:
+# 96 slots of blocks up to 2.6 MiB, fewer of larger ones. The operator sizes both for it.
+KVTIER_STAGING_BYTES = 256 << 20
 
 # What one held block costs the sidecar: its index entry and its place in the eviction order (up
 # to twice, stale heap entries included). Measured in RSS (`python -m bench kvtier`:
@@ -52,6 +55,34 @@ LOOKAHEADS = 2  # the engine's queue, and the routers' together (``announced``):
 # of blocks too large for KVTIER_STAGING_BYTES (a 70B model's 5 MiB: 51), never under the least.
 STAGING_SLOTS = 96
 LEAST_STAGING_SLOTS = 12
+
+
+class _Sized(Protocol):
+    @property
+    def capacity_bytes(self) -> int: ...
+
+
+class _Admitting(_Sized, Protocol):
+    @property
+    def admission(self) -> str: ...
+
+
+class _Shared(_Sized, Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+
+class TierSizes(Protocol):
+    """What of a sidecar's config (``strata.worker.config.KVTierConfig``) its memory depends on."""
+
+    @property
+    def dram(self) -> _Admitting: ...
+
+    @property
+    def nvme(self) -> _Admitting: ...
+
+    @property
+    def shared(self) -> _Shared: ...
 
 
 @dataclass(frozen=True)
@@ -99,11 +130,18 @@ def nearest_within(sizes: Iterable[int], room: int, most: int) -> int:
     return taken
 
 
+def slot_bytes_for(block_bytes: int) -> int:
+    """A slot holds one block, rounded up to a whole page."""
+    if block_bytes <= 0:
+        raise ValueError(f"block_bytes: must be > 0, got {block_bytes}")
+    return -(-block_bytes // PAGE) * PAGE
+
+
 def staging_slots_for(slot_bytes: int) -> int:
     return max(LEAST_STAGING_SLOTS, min(STAGING_SLOTS, KVTIER_STAGING_BYTES // slot_bytes))
 
 
-def asked_blocks(config: KVTierConfig, block_bytes: int) -> Blocks:
+def asked_blocks(config: TierSizes, block_bytes: int) -> Blocks:
     """The blocks each tier's size holds: DRAM and NVMe in page-rounded slots, the shared
     volume in files of the block's own size."""
     slot_bytes = slot_bytes_for(block_bytes)
@@ -111,7 +149,7 @@ def asked_blocks(config: KVTierConfig, block_bytes: int) -> Blocks:
     return Blocks(config.dram.capacity_bytes // slot_bytes, config.nvme.capacity_bytes // slot_bytes, shared)
 
 
-def needed_bytes(config: KVTierConfig, block_bytes: int) -> int:
+def needed_bytes(config: TierSizes, block_bytes: int) -> int:
     """The memory within which ``fit`` keeps every block the tiers ask for, with blocks of
     ``block_bytes``: what the operator gives a sidecar whose model's KV bytes per token it was
     told (``spec.model.kvBytesPerToken``)."""
@@ -139,7 +177,7 @@ def fit(asked: Blocks, limit: int | None, fixed: int, slot_bytes: int, shm: int 
     return Fit(asked, Blocks(dram, nvme, shared), limit, fixed, shm)
 
 
-def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_slots: int) -> int:
+def fixed_bytes(config: TierSizes, asked: Blocks, slot_bytes: int, staging_slots: int) -> int:
     """What the sidecar holds whatever it indexes: the interpreter, the staging slots' pages, the
     look-aheads' announced blocks at most (the engine's and the routers'), and the admission
     policies' sketches and shadow tiers at the asked sizes (at most what the fitted ones take);
@@ -153,32 +191,7 @@ def fixed_bytes(config: KVTierConfig, asked: Blocks, slot_bytes: int, staging_sl
             tables.append(table)
             keys += shadow_keys
     if asked.nvme:
-        tables.append(SightingCounts.table_bytes(asked.nvme))
+        tables.append(sightings_table_bytes(asked.nvme))
     sketches = 2 * sum(tables) + 2 * max(tables) + keys * INDEX_BYTES_PER_BLOCK
     lookahead = LOOKAHEADS * MAX_EXPECTED_BLOCKS * EXPECTED_BYTES_PER_BLOCK
     return BASE_BYTES + staging_slots * slot_bytes + sketches + lookahead
-
-
-def shm_room(arena: Path, staging_bytes: int) -> int | None:
-    """Bytes of the memory-backed volume holding ``arena`` that the DRAM tier's slots may take:
-    what is free, and what the arena file holds already (a restart finds it), less the staging
-    slots and ``SHM_LEAVE_FREE`` for the engine's own use and the admission state. None where the
-    volume cannot be read. ValueError when not even the staging slots fit."""
-    directory = arena.parent
-    while not directory.exists() and directory != directory.parent:
-        directory = directory.parent
-    try:
-        volume = os.statvfs(directory)
-    except OSError:
-        return None
-    try:
-        held = os.stat(arena).st_blocks * 512
-    except OSError:
-        held = 0
-    room = volume.f_bavail * volume.f_frsize + held
-    if room < staging_bytes:
-        raise ValueError(
-            f"dram.shm_path: {arena.parent} has {room} bytes free, and the staging slots alone need "
-            f"{staging_bytes}: give the pod a larger /dev/shm (Docker: --shm-size)"
-        )
-    return room - staging_bytes - SHM_LEAVE_FREE
