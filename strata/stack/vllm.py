@@ -26,6 +26,7 @@ import yaml
 
 from strata.cluster.podruntime.images import VLLM_ENV_VAR, VLLM_LOCAL_ENV, vllm_env_dir
 from strata.common.endpoints import ENGINE_EVENTS_PATH
+from strata.operator.api.engine import VLLM_CPU_BLOCK_MULTIPLE
 from strata.operator.render.vllm import serve_args
 from strata.stack.dataplane import stop, wait_ok
 from strata.stack.local import local_resources
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "tools" / "vllm" / "install.sh"
 CHART_TIERS = REPO / "charts" / "strata" / "files" / "servicetiers"
 START_S = 1200.0  # vLLM's start on a loaded two-core machine (three processes import torch)
-VLLM_CPU_BLOCK = 32
+VLLM_CPU_BLOCK = VLLM_CPU_BLOCK_MULTIPLE  # the smallest block vLLM's CPU attention takes
 # The arguments a CPU test engine takes: no graph capture, the model in the engine core's process.
 LOCAL_ARGS = ["--enforce-eager", "--distributed-executor-backend=uni"]
 
