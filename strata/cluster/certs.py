@@ -29,6 +29,9 @@ APISERVER_DNS_NAMES = (
 
 
 FRONT_PROXY_CLIENT = "front-proxy-client"
+# The API server's identity towards kubelets (kubeadm's name); the pod runtime serves it alone.
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
+KUBELET_SERVING = "kubelet"
 
 
 @dataclass(frozen=True)
@@ -180,4 +183,8 @@ def create_pki(directory: Path, service_ip: str) -> Pki:
     # front-proxy client cert, and components trust X-Remote-User headers only from that CA.
     front_proxy_ca = create_ca(directory, "front-proxy-ca")
     issue_client_cert(front_proxy_ca, directory, FRONT_PROXY_CLIENT)
+    # Node logs: the API server dials the pod runtime's kubelet endpoint at the node's loopback
+    # InternalIP and checks its certificate for that IP; the runtime checks the API server's.
+    issue_serving_cert(ca, directory, KUBELET_SERVING, "127.0.0.1")
+    issue_client_cert(ca, directory, KUBELET_CLIENT, ("system:masters",))
     return Pki(ca=ca, apiserver=apiserver, service_account_key=sa_key, service_account_pub=sa_pub)

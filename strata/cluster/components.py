@@ -171,6 +171,13 @@ def apiserver_argv(bin_dir: Path, layout: Layout, ports: Ports, networks: Networ
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
         f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        # `kubectl logs`: dial a node's (loopback) InternalIP, never its name (the machine's DNS
+        # resolver), prove the API server with its kubelet client certificate and check the
+        # kubelet's serving certificate against the cluster CA.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={pki / 'kube-apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'kube-apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
         "--allow-privileged=true",
         "--profiling=false",
         f"--v={LOG_LEVEL}",
@@ -269,6 +276,7 @@ def kwok_argv(bin_dir: Path, layout: Layout, networks: Networks, stages: Path) -
 
 
 def pod_runtime_argv(layout: Layout, networks: Networks) -> list[str]:
+    cert, key = layout.serving_cert("kubelet")
     return [
         sys.executable,
         "-m",
@@ -277,4 +285,7 @@ def pod_runtime_argv(layout: Layout, networks: Networks) -> list[str]:
         f"--root={layout.pod_runtime}",
         f"--logs={layout.pod_logs}",
         f"--service-cidr={networks.service_cidr}",
+        f"--kubelet-cert={cert}",
+        f"--kubelet-key={key}",
+        f"--client-ca={layout.pki / 'ca.crt'}",
     ]

@@ -36,6 +36,9 @@ LOCAL_TOLERATION = {
     "value": POD_RUNTIME_LOCAL,
     "effect": "NoSchedule",
 }
+# Every node's InternalIP: whatever dials a node (the API server for `kubectl logs`) dials this
+# address, never the node's name, which only the machine's DNS resolver could answer.
+NODE_IP = "127.0.0.1"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 REGION_LABEL = "topology.kubernetes.io/region"
 
@@ -109,8 +112,16 @@ def _node(
         "kind": "Node",
         "metadata": metadata,
         "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
-        "status": {"capacity": capacity, "allocatable": allocatable},
+        "status": {
+            "capacity": capacity,
+            "allocatable": allocatable,
+            "addresses": node_addresses(metadata["name"]),
+        },
     }
+
+
+def node_addresses(name: str) -> list[dict[str, str]]:
+    return [{"type": "InternalIP", "address": NODE_IP}, {"type": "Hostname", "address": name}]
 
 
 def gpu_node_manifest(name: str, index: int, shape: GpuNodeShape, pod_cidr: str) -> dict[str, Any]:

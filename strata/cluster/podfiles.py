@@ -1,6 +1,6 @@
 """Reading what the local pod runtime leaves on disk: a container's log and its process.
 
-For tests and people (the runtime serves no kubelet API, so ``kubectl logs`` does not work):
+For tests, people and the runtime's kubelet endpoint (``kubectl logs`` reads them through it):
 logs are ``<cluster>/logs/pods/<namespace>_<pod>_<uid>/<container>/<restartCount>.log`` and
 each running container's shim pid is in ``<cluster>/pod-runtime/pods/<key>/containers/<name>.json``.
 """
@@ -22,9 +22,14 @@ def container_log(logs_root: Path, namespace: str, pod: str, container: str, pre
     directory = pod_dir(logs_root, namespace, pod)
     if directory is None:
         return ""
-    runs = sorted((directory / container).glob("*.log"), key=lambda p: int(p.stem))
+    runs = container_runs(directory / container)
     wanted = runs[-2:-1] if previous else runs[-1:]
     return wanted[0].read_text(errors="replace") if wanted else ""
+
+
+def container_runs(directory: Path) -> list[Path]:
+    """A container's log files, one per run, oldest first."""
+    return sorted(directory.glob("*.log"), key=lambda p: int(p.stem))
 
 
 def container_pid(state_root: Path, namespace: str, pod: str, container: str) -> int | None:

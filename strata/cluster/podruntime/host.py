@@ -10,11 +10,12 @@ from pathlib import Path
 
 import aiohttp
 
+from strata.cluster.nodes import NODE_IP
 from strata.cluster.podruntime.images import Images
 from strata.cluster.podruntime.mounts import IMAGE_CODE
 from strata.operator.kube import KubeClient
 
-HOST_IP = "127.0.0.1"
+HOST_IP = NODE_IP
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The runtime stops its containers within this when it is itself stopped (the cluster's
 # component stop allows 10 s before SIGKILL).
@@ -45,6 +46,7 @@ class Host:
     root: Path  # <cluster>/pod-runtime: pods/<key>/ (volumes, launch specs), claims/<pv>/
     logs: Path  # <cluster>/logs/pods: <key>/<container>/<n>.log
     images: Images
+    kubelet_port: int = 0  # where the runtime serves the kubelet's log endpoint (0: it does not)
     session: aiohttp.ClientSession = field(default_factory=aiohttp.ClientSession)
 
     @property

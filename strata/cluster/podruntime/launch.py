@@ -162,14 +162,19 @@ class RootFs:
                 mount(point, self.root + point, None, MS_BIND | MS_REC)
 
 
+def mount_order(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Parents before what is mounted inside them (a stable sort by depth): a pod volume at /tmp
+    is mounted before, so does not hide, a virtualenv under /tmp mounted where it is."""
+    return sorted(mounts, key=lambda m: str(m["target"]).count("/"))
+
+
 def make_container(spec: dict[str, Any]) -> None:
     """Namespaces, root, mounts and hostname, in the shim, before the container's process exists."""
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     root = RootFs(str(spec["root"]))
     root.build()
-    mounts = sorted(spec["mounts"], key=lambda m: m["target"].count("/"))
-    for item in mounts:  # parents before what is mounted inside them
+    for item in mount_order(spec["mounts"]):
         root.place(item["source"], item["target"], item["read_only"])
     if spec.get("read_only_root"):
         root.make_read_only()

@@ -20,8 +20,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from strata.cluster.nodes import POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL, machine_cpus
-from strata.cluster.podruntime import capacity, events, launch
+from strata.cluster.podruntime import capacity, events, kubeletapi, launch
 from strata.cluster.podruntime.endpoints import LOOPBACK, PodEndpoint
 from strata.cluster.podruntime.env import quantity
 from strata.cluster.podruntime.host import SHUTDOWN_GRACE_S, Host, image_env
@@ -149,6 +151,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="127.96.0.0/16",
         help="the cluster's Service range (loopback only): the proxy listens on these ClusterIPs",
     )
+    parser.add_argument("--kubelet-cert", type=Path, help="serving certificate of the kubelet endpoint")
+    parser.add_argument("--kubelet-key", type=Path, help="its key")
+    parser.add_argument("--client-ca", type=Path, help="the CA that signs the API server's client cert")
     return parser.parse_args(argv)
 
 
@@ -156,12 +161,28 @@ async def serve(args: argparse.Namespace, problem: str | None) -> None:
     api = KubeClient.from_kubeconfig(args.kubeconfig)
     port = urllib.parse.urlsplit(api.server).port or 443
     images = Images(image_env(port), vllm_env_dir(REPO_ROOT))
-    host = Host(api, REPO_ROOT, args.root.resolve(), args.logs.resolve(), images)
+    kubelet, kubelet_port = await _serve_kubelet(args)
+    host = Host(api, REPO_ROOT, args.root.resolve(), args.logs.resolve(), images, kubelet_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    await Runtime(host, problem, args.service_cidr).run(stop)
+    try:
+        await Runtime(host, problem, args.service_cidr).run(stop)
+    finally:
+        if kubelet is not None:
+            await kubelet.cleanup()
+
+
+async def _serve_kubelet(args: argparse.Namespace) -> tuple[web.AppRunner | None, int]:
+    """The kubelet's log endpoint, when the runtime was given its certificates."""
+    if not (args.kubelet_cert and args.kubelet_key and args.client_ca):
+        return None, 0
+    context = kubeletapi.server_context(args.kubelet_cert, args.kubelet_key, args.client_ca)
+    files = kubeletapi.LogFiles(args.logs.resolve(), args.root.resolve() / "pods")
+    runner, port = await kubeletapi.serve(files, context)
+    log.info("kubelet endpoint on %s:%d", kubeletapi.LISTEN_HOST, port)
+    return runner, port
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ import datetime
 import logging
 from typing import Any
 
+from strata.cluster.nodes import node_addresses
 from strata.cluster.podruntime import network
 from strata.cluster.podruntime.host import HOST_IP, Host, Node
 from strata.cluster.podruntime.status import timestamp
@@ -29,8 +30,9 @@ def micro_time(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def node_status(name: str, now: float, problem: str | None) -> dict[str, Any]:
-    """The node conditions, addresses and info a kubelet posts (Ready unless ``problem``)."""
+def node_status(name: str, now: float, problem: str | None, kubelet_port: int) -> dict[str, Any]:
+    """The node conditions, addresses and info a kubelet posts (Ready unless ``problem``); the
+    API server reaches its log endpoint at the loopback InternalIP and ``kubelet_port``."""
     stamp = timestamp(now)
 
     def condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
@@ -64,9 +66,9 @@ def node_status(name: str, now: float, problem: str | None) -> dict[str, Any]:
     )
     return {
         "conditions": [ready, *quiet],
-        "addresses": [{"type": "InternalIP", "address": HOST_IP}, {"type": "Hostname", "address": name}],
+        "addresses": node_addresses(name),
         "nodeInfo": info,
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
     }
 
 
@@ -98,7 +100,7 @@ class NodeAgent:
         path = f"/api/v1/nodes/{self.node.name}/status"
         while True:
             with contextlib.suppress(KubeError, OSError, asyncio.TimeoutError):
-                body = {"status": node_status(self.node.name, _now(), self.problem)}
+                body = {"status": node_status(self.node.name, _now(), self.problem, self.host.kubelet_port)}
                 await self.host.api.patch_path(path, body, STRATEGIC_MERGE_PATCH)
             await asyncio.sleep(STATUS_REPORT_S)
 
