@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 from strata.cluster.cluster import Cluster
+from strata.cluster.podwait import raise_if_stuck
 from strata.operator import names
+from strata.operator.api.models import REASON_INVALID_SPEC
 from strata.stack.wait import wait_for
 
 
@@ -31,27 +33,50 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return {}
 
 
+# Reasons of Accepted=False that no wait cures: the spec itself must change.
+REFUSED = frozenset({REASON_INVALID_SPEC})
+
+
+class ServiceStuck(AssertionError):
+    """An InferenceService cannot become Ready by waiting; the message says why."""
+
+
+def refusal(obj: dict[str, Any] | None) -> str | None:
+    """Why the operator will not run this InferenceService as it is; None while it may."""
+    accepted = condition(obj, "Accepted")
+    if accepted.get("status") == "False" and accepted.get("reason") in REFUSED:
+        return f"Accepted=False {accepted['reason']}: {accepted.get('message', '')}"
+    return None
+
+
 def wait_ready(cluster: Cluster, namespace: str, name: str, timeout_s: float = 600) -> dict[str, Any]:
-    """The InferenceService once its Ready condition is True."""
+    """The InferenceService once its Ready condition is True; fails at once (ServiceStuck or
+    PodStuck) when its spec is refused or one of its pods cannot start."""
 
     def ready() -> dict[str, Any] | None:
-        obj = get(cluster, "inferenceservice", name, namespace)
-        return obj if condition(obj, "Ready").get("status") == "True" else None
+        obj: dict[str, Any] | None = get(cluster, "inferenceservice", name, namespace)
+        if condition(obj, "Ready").get("status") == "True":
+            return obj
+        if (why := refusal(obj)) is not None:
+            raise ServiceStuck(f"InferenceService {namespace}/{name}: {why}")
+        raise_if_stuck(cluster, live_pods(cluster, namespace, names.selector_labels(name)))
+        return None
 
-    return wait_for(ready, timeout_s, what=f"InferenceService {namespace}/{name} Ready")
+    return wait_for(ready, timeout_s, what=f"InferenceService {namespace}/{name} Ready", interval_s=1)
+
+
+def live_pods(cluster: Cluster, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The pods with ``labels`` that are not being deleted, whatever their phase."""
+    pods = items(cluster, "pods", namespace, names.label_selector(labels))
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
 def running_pods(
     cluster: Cluster, namespace: str, service: str, labels: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
     """The service's worker pods (or those with ``labels``) that run and are not being deleted."""
-    selector = names.label_selector(labels or names.selector_labels(service))
-    pods = items(cluster, "pods", namespace, selector)
-    return [
-        p
-        for p in pods
-        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    ]
+    pods = live_pods(cluster, namespace, labels or names.selector_labels(service))
+    return [p for p in pods if p["status"].get("phase") == "Running"]
 
 
 def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:

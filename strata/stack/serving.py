@@ -12,14 +12,17 @@ import urllib.request
 from typing import Any
 
 from strata.cluster.cluster import Cluster
+from strata.cluster.podstate import classify
+from strata.cluster.podwait import PodStuck, raise_if_stuck
 from strata.common.endpoints import ROUTER_PORT, WORKER_PORT
 from strata.operator import names
 from strata.operator.autoscale.cachevalue import DELETION_COST
 from strata.operator.autoscale.metrics import MetricsError, PodSample, parse_exposition
-from strata.stack.kube import running_pods
+from strata.stack.kube import live_pods, running_pods
 from strata.stack.wait import wait_for
 
 Pod = dict[str, Any]
+__all__ = ["PodStuck", "ready_worker_pods", "worker_pods"]
 
 
 def loopback_ip(pod: Pod) -> str:
@@ -31,8 +34,7 @@ def loopback_ip(pod: Pod) -> str:
 
 
 def ready_pod(pod: Pod) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return classify(pod).phase == "ready"
 
 
 def router_url(cluster: Cluster, namespace: str, service: str) -> str | None:
@@ -75,42 +77,15 @@ def deletion_cost(pod: Pod) -> int | None:
     return int(value) if value is not None else None
 
 
-# A container in one of these states will not start by waiting: the pod's wait fails at once.
-STUCK = ("CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError")
-LOG_LINES = 20
-
-
-def stuck(cluster: Cluster, pod: Pod) -> str | None:
-    """Why a container of ``pod`` cannot start (its state's reason and message, and the last
-    lines its previous run printed), or None while every container is starting or running."""
-    status = pod.get("status") or {}
-    for entry in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        waiting = (entry.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in STUCK:
-            name, meta = entry["name"], pod["metadata"]
-            log = cluster.container_log(meta["namespace"], meta["name"], name)  # the run that failed
-            tail = "\n".join(log.splitlines()[-LOG_LINES:])
-            why = f"{waiting['reason']}: {waiting.get('message', '')}"
-            return f"pod {meta['name']}, container {name}: {why}; its last lines:\n{tail}"
-    return None
-
-
 def ready_worker_pods(
     cluster: Cluster, namespace: str, service: str, count: int, timeout_s: float
 ) -> list[Pod]:
-    """``count`` Ready worker pods of ``service``; fails at once, naming the container and its
+    """``count`` Ready worker pods of ``service``; PodStuck at once, naming the container and its
     error, when a container of one of them cannot start (not after ``timeout_s``)."""
 
     def ready() -> list[Pod] | None:
-        pods = worker_pods(cluster, namespace, service)
-        for pod in pods:
-            if (why := stuck(cluster, pod)) is not None:
-                raise PodStuck(why)
-        up = [p for p in pods if ready_pod(p)]
+        raise_if_stuck(cluster, live_pods(cluster, namespace, names.selector_labels(service)))
+        up = [p for p in worker_pods(cluster, namespace, service) if ready_pod(p)]
         return up if len(up) >= count else None
 
     return wait_for(ready, timeout_s, what=f"{count} Ready pods of {namespace}/{service}", interval_s=2)
-
-
-class PodStuck(AssertionError):
-    """A pod's container cannot start; the message names it and quotes its last log lines."""

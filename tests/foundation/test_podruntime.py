@@ -20,6 +20,7 @@ import pytest
 from strata.cluster import Cluster
 from strata.cluster.cli import pid_alive
 from strata.cluster.nodes import LOCAL_TOLERATION, POD_RUNTIME_LABEL, POD_RUNTIME_LOCAL
+from strata.cluster.podwait import wait_pod_ready
 from tests.foundation.waiting import WAIT_S, eventually
 
 pytestmark = pytest.mark.cluster
@@ -73,11 +74,8 @@ def condition(pod: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 
 
 def ready_pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    def ready() -> dict[str, Any] | None:
-        pod = get_pod(cluster, namespace, name)
-        return pod if condition(pod, "Ready").get("status") == "True" else None
-
-    return eventually(ready, f"pod {namespace}/{name} Ready")
+    """The pod once Ready; PodStuck at once when a container of it cannot start."""
+    return wait_pod_ready(cluster, namespace, name, WAIT_S)
 
 
 def fetch(ip: str, port: int = 8080) -> dict[str, Any]:
