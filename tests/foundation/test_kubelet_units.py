@@ -33,6 +33,12 @@ def test_a_bad_log_option_is_named(params: dict[str, str]) -> None:
         kubeletapi.parse_log_query(params)
 
 
+@pytest.mark.parametrize("name", ["*", "..", "a/b", "A", ""])
+def test_names_that_are_no_object_names_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="not an object name"):
+        kubeletapi.check_names("default", name)
+
+
 def test_tail_then_timestamps_then_limit() -> None:
     assert kubeletapi.shape_log(LOG, kubeletapi.LogQuery(tail_lines=2), 0) == b"two\nthree\n"
     assert kubeletapi.shape_log(LOG, kubeletapi.LogQuery(tail_lines=0), 0) == b""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import re
 import socket
 import ssl
 import time
@@ -27,6 +28,7 @@ from strata.cluster.certs import KUBELET_CLIENT
 
 FOLLOW_POLL_S = 0.5
 LISTEN_HOST = "127.0.0.1"
+OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -64,6 +66,13 @@ def parse_log_query(params: Mapping[str, str]) -> LogQuery:
         timestamps=_flag(params.get("timestamps")),
         follow=_flag(params.get("follow")),
     )
+
+
+def check_names(*names: str) -> None:
+    """ValueError unless each is an object name (they become file name patterns here)."""
+    for name in names:
+        if not OBJECT_NAME.fullmatch(name):
+            raise ValueError(f"not an object name: {name!r}")
 
 
 def rfc3339(epoch: float) -> str:
@@ -141,6 +150,7 @@ def app(files: LogFiles) -> web.Application:
     async def container_logs(request: web.Request) -> web.StreamResponse:
         namespace, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
         try:
+            check_names(namespace, pod, container)
             query = parse_log_query(request.query)
         except ValueError as error:
             raise web.HTTPBadRequest(text=f"{error}\n") from None
