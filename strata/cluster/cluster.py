@@ -27,6 +27,14 @@ NODES_READY_S = 300.0
 TRUSTED = ("--validate=false",)
 
 
+class ComponentExited(RuntimeError):
+    """A component of the cluster exited; what was waited for will not happen."""
+
+
+class NodeUnavailable(RuntimeError):
+    """A node says it cannot run pods (its Ready condition's reason is a runtime failure)."""
+
+
 class KubectlError(subprocess.CalledProcessError):
     """kubectl exited non-zero; unlike CalledProcessError, str() includes kubectl's stderr."""
 
@@ -256,13 +264,28 @@ class Cluster:
         self.kubectl("apply", *TRUSTED, "-f", "-", input=manifest)
 
     def wait_nodes_ready(self, names: Sequence[str], timeout_s: float = NODES_READY_S) -> None:
-        self.kubectl(
-            "wait",
-            "--for=condition=Ready",
-            f"--timeout={timeout_s:.0f}s",
-            *(f"node/{n}" for n in names),
-            timeout_s=timeout_s + 30,
-        )
+        """Until every node in ``names`` is Ready; ComponentExited or NodeUnavailable at once when
+        a component this handle runs has exited or a node says it cannot run pods."""
+
+        def ready() -> bool:
+            self.check_components()
+            listed = self.kubectl("get", "nodes", *names, "-o", "json", check=False)
+            found = json.loads(listed.stdout)["items"] if listed.returncode == 0 else []
+            for node in found:
+                if (problem := nodes.node_problem(node)) is not None:
+                    raise NodeUnavailable(f"node {node['metadata']['name']}: {problem}")
+            return len(found) == len(names) and all(nodes.node_ready(n) for n in found)
+
+        processes.wait_until(ready, timeout_s, f"nodes {', '.join(names)} Ready", interval_s=1.0)
+
+    def check_components(self) -> None:
+        """ComponentExited, with its log's last lines, for a component of this handle that exited."""
+        for process in self._owned:
+            if not process.running():
+                raise ComponentExited(
+                    f"{process.name} exited with code {process.popen.returncode}; "
+                    f"log {process.log_path}:\n{process.log_tail()}"
+                )
 
     def hold_range(self, lock: ranges.RangeLock | None) -> None:
         """Keep this cluster's pod range reserved until ``stop``."""

@@ -148,6 +148,28 @@ def local_node_manifest(
     return node
 
 
+# The Ready reason a local node reports when the pod runtime cannot run pods here (no mount
+# namespaces): waiting does not change it.
+NODE_UNAVAILABLE = "PodRuntimeUnavailable"
+
+
+def _ready_condition(node: dict[str, Any]) -> dict[str, Any]:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return next((dict(c) for c in conditions if c.get("type") == "Ready"), {})
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    return _ready_condition(node).get("status") == "True"
+
+
+def node_problem(node: dict[str, Any]) -> str | None:
+    """Why the node will not become Ready by waiting; None while it may."""
+    ready = _ready_condition(node)
+    if ready.get("status") == "False" and ready.get("reason") == NODE_UNAVAILABLE:
+        return f"{ready['reason']}: {ready.get('message', '')}"
+    return None
+
+
 def machine_cpus() -> int:
     """The CPUs this process may run on (the affinity mask, not the host's core count)."""
     return len(os.sched_getaffinity(0))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from strata.cluster import certs, components, health, kubeconfig, processes, ranges, storage
 from strata.cluster.binaries import REPO_ROOT, find_bin_dir
-from strata.cluster.cluster import Cluster, ClusterConfig
+from strata.cluster.cluster import Cluster, ClusterConfig, ComponentExited
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +194,11 @@ def _launch_once(
         )
         cluster.add_storage_class(storage.DEFAULT_STORAGE_CLASS, default=True)
         _wait_default_service_account(cluster, deadline)
-    except BaseException:
+    except BaseException as error:
         for process in reversed(started):
             process.stop()
+        if isinstance(error, ComponentExited | TimeoutError):  # a dead or slow component: retried
+            raise ClusterStartError(str(error)) from error
         raise
     return cluster
 

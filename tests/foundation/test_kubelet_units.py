@@ -165,3 +165,12 @@ def test_a_failed_init_container_is_stuck_but_a_sidecars_exit_is_not() -> None:
 def test_a_failed_pod_is_stuck() -> None:
     state = podstate.classify({"status": {"phase": "Failed", "reason": "Evicted"}})
     assert state.phase == "stuck" and "Evicted" in state.describe("p")
+
+
+def test_a_node_the_runtime_cannot_serve_is_unavailable_not_just_unready() -> None:
+    broken = {"status": node_status("local-node-0", 0.0, "needs mount namespaces", 0)}
+    fine = {"status": node_status("local-node-0", 0.0, None, 0)}
+    assert nodes.node_problem(broken) == "PodRuntimeUnavailable: needs mount namespaces"
+    assert not nodes.node_ready(broken)
+    assert nodes.node_problem(fine) is None and nodes.node_ready(fine)
+    assert nodes.node_problem({}) is None and not nodes.node_ready({})

@@ -9,7 +9,7 @@ import datetime
 import logging
 from typing import Any
 
-from strata.cluster.nodes import node_addresses
+from strata.cluster.nodes import NODE_UNAVAILABLE, node_addresses
 from strata.cluster.podruntime import network
 from strata.cluster.podruntime.host import HOST_IP, Host, Node
 from strata.cluster.podruntime.status import timestamp
@@ -46,7 +46,7 @@ def node_status(name: str, now: float, problem: str | None, kubelet_port: int) -
 
     ready = condition("Ready", "True", "KubeletReady", "strata pod runtime is posting ready status")
     if problem:
-        ready = condition("Ready", "False", "PodRuntimeUnavailable", problem)
+        ready = condition("Ready", "False", NODE_UNAVAILABLE, problem)
     quiet = [
         condition(t, "False", f"KubeletHas{r}", f"no {t}")
         for t, r in (
