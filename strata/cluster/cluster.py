@@ -270,7 +270,8 @@ class Cluster:
         def ready() -> bool:
             self.check_components()
             listed = self.kubectl("get", "nodes", *names, "-o", "json", check=False)
-            found = json.loads(listed.stdout)["items"] if listed.returncode == 0 else []
+            got = json.loads(listed.stdout) if listed.returncode == 0 else {"items": []}
+            found = got.get("items", [got])  # one name: the Node itself, not a List
             for node in found:
                 if (problem := nodes.node_problem(node)) is not None:
                     raise NodeUnavailable(f"node {node['metadata']['name']}: {problem}")
