@@ -261,12 +261,17 @@ def main(argv: list[str]) -> int:
     except OSError as error:
         report(errors, f"cannot create the container: {error}")
         return START_ERROR_EXIT
+    started = spec.get("started_fd")
     alive, held = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(held)
+        if started is not None:  # closed by the exec: the runtime's EOF says the process runs
+            os.set_inheritable(int(started), False)
         exec_child(spec, alive, errors, fresh_proc=spec["mode"] == "run")
     os.close(alive)
+    if started is not None:
+        os.close(int(started))
     return wait_forwarding(child)
 
 

@@ -21,6 +21,9 @@ from strata.cluster.podruntime import launch
 from strata.cluster.podruntime.mounts import Mount
 
 LAUNCHER = Path(launch.__file__)
+# A bound on the shim's making the container (namespaces, mounts) and its exec, or its exit after
+# a failed exec: normally milliseconds.
+START_HANDSHAKE_S = 60.0
 
 
 @dataclass
@@ -70,7 +73,9 @@ def _spec_file(directory: Path, stem: str, spec: dict[str, object]) -> Path:
     return path
 
 
-async def _spawn(spec_path: Path, log: Path | None) -> asyncio.subprocess.Process:
+async def _spawn(
+    spec_path: Path, log: Path | None, pass_fds: tuple[int, ...] = ()
+) -> asyncio.subprocess.Process:
     argv = [sys.executable, "-I", "-S", str(LAUNCHER), str(spec_path)]
     out = log.open("ab") if log is not None else None
     try:
@@ -80,6 +85,7 @@ async def _spawn(spec_path: Path, log: Path | None) -> asyncio.subprocess.Proces
             stdout=out if out is not None else asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.STDOUT if out is not None else asyncio.subprocess.DEVNULL,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     finally:
         if out is not None:
@@ -98,10 +104,13 @@ async def start(
     cwd: str = "/",
     read_only_root: bool = False,
 ) -> Shim:
-    """Start container ``name``: its shim makes the namespaces and mounts, then runs ``argv``."""
+    """Start container ``name``: its shim makes the namespaces and mounts, then runs ``argv``.
+    Returns once ``argv`` runs or could not be started; then the shim has already exited, so a
+    container whose command is missing is never reported running, as with a kubelet."""
     log.parent.mkdir(parents=True, exist_ok=True)
     error_file = state_dir / f"{name}.error"
     error_file.unlink(missing_ok=True)
+    reading, writing = os.pipe()
     spec = {
         "mode": "run",
         "parent": os.getpid(),
@@ -113,11 +122,35 @@ async def start(
         "error_file": str(error_file),
         "root": str(root_dir(state_dir, name)),
         "read_only_root": read_only_root,
+        "started_fd": writing,
     }
-    shim = Shim(name, await _spawn(_spec_file(state_dir, name, spec), log), error_file)
+    try:
+        process = await _spawn(_spec_file(state_dir, name, spec), log, (writing,))
+    finally:
+        os.close(writing)
+    shim = Shim(name, process, error_file)
     record = {"shim": shim.pid, "log": str(log)}
     (state_dir / f"{name}.json").write_text(json.dumps(record))
+    await _until_started(reading, shim)
     return shim
+
+
+async def _until_started(reading: int, shim: Shim) -> None:
+    """Until the exec closed the pipe's last write end (or the shim or its child died); when the
+    start failed, until the shim has exited, so its exit is known before anything is reported."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(reading, "rb")
+    )
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reader.read(), START_HANDSHAKE_S)
+    finally:
+        transport.close()
+    if shim.error_file.exists() and shim.error_file.stat().st_size:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(shim.process.wait(), START_HANDSHAKE_S)
 
 
 async def exec_in(

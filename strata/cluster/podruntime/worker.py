@@ -198,6 +198,9 @@ class PodWorker:
         gated = container.startup_probe is not None
         self.records[name] = records.started(record, now, has_startup_gate=gated)
         self.shims[name], self.envs[name] = shim, env
+        if shim.process.returncode is not None:  # its command could not start: never running
+            await self._watch(container, shim)
+            return
         self.tasks[name] = [asyncio.create_task(self._watch(container, shim))]
         if not gated:
             self._after_startup(container)
