@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -107,3 +108,34 @@ def test_a_wait_on_a_pod_whose_init_container_fails_quotes_its_log(cluster: Clus
     message = str(stuck.value)
     assert "container prepare" in message and "exit code 1" in message
     assert "cannot prepare: disk on fire" in message
+
+
+def test_a_volume_over_the_checkouts_parent_hides_neither_its_code_nor_its_virtualenv(
+    cluster: Cluster, namespace: str
+) -> None:
+    """A checkout under /tmp met a pod volume at /tmp; here the volume is at the parent directory
+    of the checkout's virtualenv, wherever the checkout lives, which is the same case."""
+    parent = str(Path(sys.prefix).resolve().parent.parent)
+    script = "command -v strata && python -c \"import strata.cluster; print('imported')\""
+    container = shell("c", script, volumeMounts=[{"name": "over", "mountPath": parent}])
+    pod = local_pod("hidden", [container], restartPolicy="Never", volumes=[{"name": "over", "emptyDir": {}}])
+    cluster.apply(pod, namespace)
+
+    def finished() -> str | None:
+        status = (cluster.kubectl_json("get", "pod", "hidden", "-n", namespace).get("status")) or {}
+        return status.get("phase") if status.get("phase") in ("Succeeded", "Failed") else None
+
+    phase = eventually(finished, "pod hidden to finish")
+    log = cluster.container_log(namespace, "hidden", "c")
+    assert phase == "Succeeded", log
+    assert log.splitlines()[-1] == "imported"
+
+
+def test_kubectl_logs_follow_ends_with_the_run(cluster: Cluster, namespace: str) -> None:
+    """Whether ``kubectl logs -f`` starts while the run goes on (normally) or after it ended (a slow
+    machine), it prints the whole run and returns."""
+    script = "echo before; sleep 5; echo after"
+    cluster.apply(local_pod("brief", [shell("c", script)], restartPolicy="Never"), namespace)
+    eventually(lambda: cluster.container_log(namespace, "brief", "c"), "brief's first line")
+    followed = cluster.kubectl("logs", "-f", "brief", "-c", "c", "-n", namespace).stdout
+    assert followed == "before\nafter\n"
