@@ -1,5 +1,5 @@
-"""The kubelet endpoint, node addresses, component flags and pod classification, without a
-cluster: each decision is a pure function."""
+"""The kubelet endpoint, node addresses, component flags, pod classification and the stack's
+service wait, without a cluster: each decision is a pure function."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from strata.cluster.podruntime import kubeletapi, launch
 from strata.cluster.podruntime.host import image_env
 from strata.cluster.podruntime.mounts import Mount, environment_mounts, image_mount
 from strata.cluster.podruntime.nodeagent import node_status
+from strata.stack import kube
 
 LOG = b"one\ntwo\nthree\n"
 
@@ -174,3 +175,15 @@ def test_a_node_the_runtime_cannot_serve_is_unavailable_not_just_unready() -> No
     assert not nodes.node_ready(broken)
     assert nodes.node_problem(fine) is None and nodes.node_ready(fine)
     assert nodes.node_problem({}) is None and not nodes.node_ready({})
+
+
+def accepted(status: str, reason: str) -> dict[str, Any]:
+    condition = {"type": "Accepted", "status": status, "reason": reason, "message": "m"}
+    return {"status": {"conditions": [condition]}}
+
+
+def test_a_service_whose_spec_is_refused_is_stuck_one_waiting_for_its_tier_is_not() -> None:
+    assert kube.refusal(accepted("False", "InvalidSpec")) == "Accepted=False InvalidSpec: m"
+    assert kube.refusal(accepted("False", "TierNotFound")) is None  # the tier may yet be created
+    assert kube.refusal(accepted("True", "")) is None
+    assert kube.refusal(None) is None
