@@ -13,7 +13,7 @@ from typing import Any
 
 from strata.cluster.cluster import Cluster
 from strata.cluster.podstate import classify
-from strata.cluster.podwait import PodStuck, raise_if_stuck
+from strata.cluster.podwait import raise_if_stuck
 from strata.common.endpoints import ROUTER_PORT, WORKER_PORT
 from strata.operator import names
 from strata.operator.autoscale.cachevalue import DELETION_COST
@@ -22,7 +22,6 @@ from strata.stack.kube import live_pods, running_pods
 from strata.stack.wait import wait_for
 
 Pod = dict[str, Any]
-__all__ = ["PodStuck", "ready_worker_pods", "worker_pods"]
 
 
 def loopback_ip(pod: Pod) -> str:
@@ -80,12 +79,13 @@ def deletion_cost(pod: Pod) -> int | None:
 def ready_worker_pods(
     cluster: Cluster, namespace: str, service: str, count: int, timeout_s: float
 ) -> list[Pod]:
-    """``count`` Ready worker pods of ``service``; PodStuck at once, naming the container and its
-    error, when a container of one of them cannot start (not after ``timeout_s``)."""
+    """``count`` Ready worker pods of ``service``, by name; ``podwait.PodStuck`` at once, naming
+    the container and its error, when one of them cannot start (not after ``timeout_s``)."""
 
     def ready() -> list[Pod] | None:
-        raise_if_stuck(cluster, live_pods(cluster, namespace, names.selector_labels(service)))
-        up = [p for p in worker_pods(cluster, namespace, service) if ready_pod(p)]
+        pods = live_pods(cluster, namespace, names.selector_labels(service))
+        raise_if_stuck(cluster, pods)
+        up = sorted((p for p in pods if ready_pod(p)), key=lambda p: p["metadata"]["name"])
         return up if len(up) >= count else None
 
     return wait_for(ready, timeout_s, what=f"{count} Ready pods of {namespace}/{service}", interval_s=2)
