@@ -218,6 +218,16 @@ def values_schema() -> JsonDict:
         ),
         crds=obj("CRD upgrades.", upgrade=boolean("Apply this version's CRDs in a pre-upgrade hook Job.")),
         monitoring=monitoring_schema(),
+        networkPolicy=obj(
+            "NetworkPolicies: each InferenceService's workers only from its routers; the operator pods.",
+            enabled=boolean("Render them (the operator's per service and the chart's)."),
+            metricsNamespaces={
+                "type": "array",
+                "description": "Namespaces whose pods may scrape the workers (Prometheus's).",
+                "uniqueItems": True,
+                "items": string("A namespace.", pattern=DNS_LABEL, maxLength=63),
+            },
+        ),
         rbac=obj("RBAC.", create=boolean("Create the ClusterRole and its binding.")),
         test=obj(
             "The `helm test` pod.",
