@@ -57,23 +57,26 @@ def test_the_socket_is_its_users_alone(start_tenant: StartTenant) -> None:
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
+def socket_in_open_directories(start_tenant: StartTenant, volume: Path) -> Path:
+    """A's socket, with its directories opened to everyone: only the socket stands in the way."""
+    path = Path(start_tenant("pod-a", TENANT_A).kvtier.socket_path)
+    for directory in (volume, path.parent):
+        directory.chmod(0o755)
+    return path
+
+
 @needs_root
 def test_another_user_cannot_connect_through_the_sockets_mode(
     start_tenant: StartTenant, volume: Path
 ) -> None:
-    path = Path(start_tenant("pod-a", TENANT_A).kvtier.socket_path)
-    for directory in (volume, path.parent):
-        directory.chmod(0o755)  # only the socket's own mode stands in the way
-    assert try_as_nobody(str(path)) == DENIED
+    assert try_as_nobody(str(socket_in_open_directories(start_tenant, volume))) == DENIED
 
 
 @needs_root
 def test_another_user_let_in_by_the_mode_is_refused_by_the_sidecar(
     start_tenant: StartTenant, volume: Path
 ) -> None:
-    path = Path(start_tenant("pod-a", TENANT_A).kvtier.socket_path)
-    for directory in (volume, path.parent):
-        directory.chmod(0o755)
+    path = socket_in_open_directories(start_tenant, volume)
     path.chmod(0o666)  # as if the socket's mode were lost: the peer check still holds
     assert try_as_nobody(str(path)) == REFUSED
 
