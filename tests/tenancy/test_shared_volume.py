@@ -17,6 +17,7 @@ from strata.worker.config import WorkerConfig
 from strata.worker.kv_connector import BlockRef, chain_hashes, root_hash
 from strata.worker.kvtier import protocol
 from strata.worker.kvtier.client import TierClient, connect
+from strata.worker.kvtier.janitor import Janitor, scan
 from strata.worker.kvtier.shared import FilesystemBlockStore
 from strata.worker.kvtier.walls import OutsideTenant, tenant_dir_name, tenant_root
 
@@ -126,3 +127,17 @@ def test_a_link_planted_in_bs_directory_does_not_lead_into_as(
     assert b.lookup(a_keys) == []  # the sidecar: the shared tier skipped, no block
     assert (a_dir / fan_out).is_dir() and any((a_dir / fan_out).iterdir())  # nothing of A's removed
     os.unlink(b_dir / fan_out)
+
+
+def test_blocks_of_the_layout_before_tenant_directories_are_swept_as_stale(volume: Path) -> None:
+    """A volume written before blocks moved into tenant directories: nothing reads those blocks
+    any more, so the tenant's janitor removes them, and nothing of the tenant's own."""
+    shared = volume / "shared"
+    before, own = FilesystemBlockStore(shared), FilesystemBlockStore(tenant_root(shared, TENANT_A))
+    data = memoryview(bytes(4096))
+    for n in range(3):
+        before.write(bytes([n]) * 16, bytes(16), 0, data)
+    own.write(bytes([9]) * 16, bytes(16), 0, data)
+    sweep = Janitor(tenant_root(shared, TENANT_A), 2**30, legacy=shared).sweep()
+    assert sweep.removed_stale == 3 and sweep.removed_lru == 0
+    assert not list(scan(shared)) and own.contains(bytes([9]) * 16)

@@ -67,7 +67,8 @@ class Assembly:
             state.nvme = NvmeTier(store, cfg.nvme.persistent, cfg.nvme.eviction, cfg.nvme.admission, expires)
         if cfg.shared.enabled:
             root = self.tenant_directory(tenant_root(cfg.shared.path, state.tenant))
-            state.janitor = Janitor(root, cfg.shared.capacity_bytes, state.metrics.swept)
+            legacy = Path(cfg.shared.path)
+            state.janitor = Janitor(root, cfg.shared.capacity_bytes, state.metrics.swept, legacy=legacy)
             volume = FilesystemBlockStore(root)
             state.shared = SharedTier(volume, state.memory.fitted.shared, on_full=state.janitor.full)
             state.janitor.start()
