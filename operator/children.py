@@ -19,6 +19,7 @@ from strata.operator.metrics import OperatorMetrics
 from strata.operator.plan import OwnerRef, ServicePlan
 from strata.operator.render.common import content_hash
 from strata.operator.render.configmap import render_configmap
+from strata.operator.render.networkpolicy import render_network_policies
 from strata.operator.render.pdb import render_pdb
 from strata.operator.render.priorityclass import render_priorityclass
 from strata.operator.render.router import render_router
@@ -67,6 +68,7 @@ class Applier:
             router_pdb,
             account,
             role,
+            *render_network_policies(plan, self.settings),
         ]
         claim = render_shared_claim(plan)
         if claim is not None:

@@ -62,6 +62,7 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("apps/v1", "Deployment"): Kind("apps", "v1", "deployments", True),
     ("apps/v1", "StatefulSet"): Kind("apps", "v1", "statefulsets", True),
     ("policy/v1", "PodDisruptionBudget"): Kind("policy", "v1", "poddisruptionbudgets", True),
+    ("networking.k8s.io/v1", "NetworkPolicy"): Kind("networking.k8s.io", "v1", "networkpolicies", True),
     ("scheduling.k8s.io/v1", "PriorityClass"): Kind("scheduling.k8s.io", "v1", "priorityclasses", False),
     (names.API_VERSION, names.ISVC_KIND): Kind(names.GROUP, names.VERSION, names.ISVC_PLURAL, True),
     (names.API_VERSION, names.TIER_KIND): Kind(names.GROUP, names.VERSION, names.TIER_PLURAL, False),

@@ -91,6 +91,9 @@ class ServicePlan:
     engine_args: tuple[str, ...] = ()
     # The routers' memory to follow every replica's cached blocks; None: the chart's as it is.
     router_memory_bytes: int | None = None
+    # False in a namespace whose Pod Security level refuses hostPath volumes: a hostPath NVMe
+    # tier becomes an emptyDir there (``render.volumes.nvme_source``).
+    host_path_allowed: bool = True
 
     @property
     def vllm(self) -> bool:

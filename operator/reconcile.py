@@ -25,6 +25,7 @@ from strata.operator.children import Applier
 from strata.operator.kube import KubeError, Obj
 from strata.operator.resolve import ResolveInput, SpecRejected, resolve
 from strata.operator.status import Observed, compute_status, stamp_condition, status_changed
+from strata.operator.tenancy import host_path_allowed
 from strata.operator.views import IndexViews, ServiceKey
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class Reconciler:
     now: Callable[[], datetime] = utcnow
     statuses: StatusMemory = field(default_factory=StatusMemory)
     # A namespace's UID salts its services' cache namespace; it never changes while they exist.
-    namespace_uids: dict[str, str] = field(default_factory=dict)
+    # Per namespace: its UID and whether its pods may mount hostPath volumes (read once).
+    namespaces: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
     @property
     def views(self) -> IndexViews:
@@ -133,7 +135,7 @@ class Reconciler:
         workload: Obj | None = None
         plan = None
         try:
-            plan = resolve(ResolveInput(isvc, tier, await self._namespace_uid(meta["namespace"])))
+            plan = resolve(ResolveInput(isvc, tier, *await self._namespace(meta["namespace"])))
             assert tier is not None
             workload = await self.applier.apply_service(plan, isvc, tier)
         except SpecRejected as exc:
@@ -157,18 +159,21 @@ class Reconciler:
         await self._write_status(isvc, seen)
         return "error" if error else "rejected" if rejected else "success"
 
-    async def _namespace_uid(self, namespace: str) -> str:
-        if namespace not in self.namespace_uids:
+    async def _namespace(self, namespace: str) -> tuple[str, bool]:
+        """The namespace's UID (the cache namespace's salt) and whether its Pod Security level
+        lets pods mount hostPath volumes, from one GET the first time it is needed."""
+        if namespace not in self.namespaces:
             ns = await self.applier.kube.get("v1", "Namespace", namespace)
             if ns is None:
-                return ""  # going away with its services
-            self.namespace_uids[namespace] = str(ns["metadata"]["uid"])
-        return self.namespace_uids[namespace]
+                return "", True  # going away with its services
+            meta = ns["metadata"]
+            self.namespaces[namespace] = (str(meta["uid"]), host_path_allowed(meta.get("labels") or {}))
+        return self.namespaces[namespace]
 
     def forget(self, key: ServiceKey, last_in_namespace: bool) -> None:
         self.statuses.forget(key)
         if last_in_namespace:  # a namespace re-created under this name gets a new UID
-            self.namespace_uids.pop(key[0], None)
+            self.namespaces.pop(key[0], None)
 
     async def _write_status(self, isvc: Mapping[str, Any], seen: Observed) -> None:
         meta = isvc["metadata"]

@@ -6,7 +6,7 @@ reconciler can report them without touching the running workload."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -75,6 +75,8 @@ class ResolveInput:
     service: Mapping[str, Any]
     tier: Mapping[str, Any] | None
     namespace_uid: str
+    # False where the namespace's Pod Security level refuses hostPath volumes (``tenancy``).
+    host_path_allowed: bool = True
 
 
 def parse_service(body: Mapping[str, Any]) -> InferenceService:
@@ -101,7 +103,8 @@ def resolve(given: ResolveInput) -> ServicePlan:
     violations = check_against_tier(isvc.spec, tier.spec, isvc.spec.tier)
     if violations:
         raise SpecRejected(REASON_TIER_LIMITS, "; ".join(str(v) for v in violations))
-    return _plan(isvc, tier, meta, cache_namespace(meta["namespace"], given.namespace_uid))
+    plan = _plan(isvc, tier, meta, cache_namespace(meta["namespace"], given.namespace_uid))
+    return plan if given.host_path_allowed else replace(plan, host_path_allowed=False)
 
 
 def _plan(isvc: InferenceService, tier: ServiceTier, meta: Mapping[str, Any], salt: str) -> ServicePlan:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from strata.operator.api.base import DNS_SUBDOMAIN
+from strata.operator.api.base import DNS_LABEL, DNS_SUBDOMAIN
 from strata.operator.api.quantity import QUANTITY_PATTERN
 from strata.operator.autoscale.decide import UTILIZATION_WINDOW_S
 
@@ -83,6 +83,12 @@ class OperatorSettings:
     # client's in-flight limit busy, few enough that a burst does not hold a rendered copy of
     # every service's children in memory at once.
     reconcile_workers: int = 64
+    # A NetworkPolicy per service: its workers take traffic only from its routers (and their
+    # metrics ports from ``metrics_namespaces``); its routers from anyone on the serving port.
+    network_policy: bool = True
+    # Namespaces whose pods may scrape the workers' metrics ports: the operator's own (the
+    # autoscaler) and Prometheus's. The chart gives its release namespace and its values'.
+    metrics_namespaces: tuple[str, ...] = ()
 
 
 _ENV = {
@@ -103,7 +109,10 @@ _ENV = {
     "api_timeout_s": "STRATA_API_TIMEOUT_S",
     "api_max_in_flight": "STRATA_API_MAX_IN_FLIGHT",
     "reconcile_workers": "STRATA_RECONCILE_WORKERS",
+    "network_policy": "STRATA_NETWORK_POLICY",
+    "metrics_namespaces": "STRATA_METRICS_NAMESPACES",
 }
+NAMESPACE_NAME = re.compile(DNS_LABEL)
 
 
 def settings_from(values: Mapping[str, str | None]) -> OperatorSettings:
@@ -139,6 +148,10 @@ def _convert(key: str, raw: str) -> Any:
         return _node_selector(raw)
     if key == "router_resources":
         return _resources(raw)
+    if key == "network_policy":
+        return _boolean(key, raw)
+    if key == "metrics_namespaces":
+        return _namespaces(key, raw)
     if key in (
         "peering_lifetime_s",
         "metrics_port",
@@ -161,6 +174,24 @@ def _address(key: str, raw: str) -> str:
         return str(ipaddress.ip_address(raw))
     except ValueError:
         raise SettingsError(f"{_ENV[key]}: {raw!r} is not an IP address") from None
+
+
+def _boolean(key: str, raw: str) -> bool:
+    if raw.lower() not in ("true", "false"):
+        raise SettingsError(f"{_ENV[key]}: {raw!r} is not true or false")
+    return raw.lower() == "true"
+
+
+def _namespaces(key: str, raw: str) -> tuple[str, ...]:
+    """``["monitoring", "strata-system"]``, as the chart's values spell it."""
+    var = _ENV[key]
+    parsed = _json(var, raw)
+    if not isinstance(parsed, list):
+        raise SettingsError(f'{var}: must be a JSON list like ["monitoring"]')
+    for name in parsed:
+        if not isinstance(name, str) or not NAMESPACE_NAME.match(name):
+            raise SettingsError(f"{var}: {name!r} is not a namespace name")
+    return tuple(sorted(set(parsed)))
 
 
 def _positive_number(key: str, raw: str) -> int:

@@ -13,6 +13,7 @@ the Kubernetes namespace, and the salt is its name *and* its UID:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _UID = re.compile(r"^[0-9a-fA-F-]{8,64}$")
@@ -25,3 +26,14 @@ def cache_namespace(namespace: str, namespace_uid: str) -> str:
     if not _UID.match(namespace_uid):
         raise ValueError(f"namespace uid {namespace_uid!r} is not a Kubernetes UID")
     return f"{namespace}.{namespace_uid.lower()}"
+
+
+# The Pod Security admission label of a namespace, and the levels that refuse hostPath volumes.
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+NO_HOST_PATH_LEVELS = ("baseline", "restricted")
+
+
+def host_path_allowed(labels: Mapping[str, str]) -> bool:
+    """Whether pods of a namespace labelled ``labels`` may mount a hostPath volume: not where
+    Pod Security admission enforces ``baseline`` or ``restricted``."""
+    return labels.get(POD_SECURITY_ENFORCE, "privileged") not in NO_HOST_PATH_LEVELS

@@ -45,8 +45,13 @@ def main(argv: list[str]) -> int:
         except (OSError, kube.KubeError) as exc:
             print(f"strata router: no Kubernetes credentials: {exc}", file=sys.stderr)
             return 2
+    from strata.common.openai.auth import api_key_from
     from strata.router.main import serve
-    from strata.worker.config import API_KEY_ENV
 
-    serve(config, creds, os.environ.get(API_KEY_ENV) or None)
+    try:
+        api_key = api_key_from(os.environ)
+    except ValueError as exc:
+        print(f"strata router: {exc}", file=sys.stderr)
+        return 2
+    serve(config, creds, api_key)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from pydantic import ValidationError
@@ -99,6 +100,13 @@ def _serve(path: str, level: str, host: str | None = None) -> int:
         return 2
     if host:
         config = config.model_copy(update={"server": config.server.model_copy(update={"host": host})})
+    from strata.common.openai.auth import api_key_from
+
+    try:
+        api_key_from(os.environ)
+    except ValueError as exc:
+        print(f"strata worker: {exc}", file=sys.stderr)
+        return 2
     from strata.worker.server.main import serve
 
     try:

@@ -70,6 +70,15 @@ def pull_secrets(description: str) -> JsonDict:
     return {"type": "array", "description": description, "items": secret}
 
 
+def namespaces(description: str) -> JsonDict:
+    return {
+        "type": "array",
+        "description": description,
+        "uniqueItems": True,
+        "items": string("A namespace.", pattern=DNS_LABEL, maxLength=63),
+    }
+
+
 def port(description: str) -> JsonDict:
     return integer(description, 1, 65535)
 
@@ -105,12 +114,7 @@ def operator_schema() -> JsonDict:
             "description": "Peering priority: `auto` (random per pod start) or an integer.",
             "anyOf": [{"type": "integer"}, {"type": "string", "enum": ["auto"]}],
         },
-        watchNamespaces={
-            "type": "array",
-            "description": "Namespaces this release serves (one replica); empty: all.",
-            "uniqueItems": True,
-            "items": string("A namespace.", pattern=DNS_LABEL, maxLength=63),
-        },
+        watchNamespaces=namespaces("Namespaces this release serves (one replica); empty: all."),
         logFormat=string("Log format.", enum=["json", "plain"]),
         metricsPort=port("Prometheus metrics port."),
         livenessPort=port("kopf liveness (/healthz) port."),
@@ -218,6 +222,11 @@ def values_schema() -> JsonDict:
         ),
         crds=obj("CRD upgrades.", upgrade=boolean("Apply this version's CRDs in a pre-upgrade hook Job.")),
         monitoring=monitoring_schema(),
+        networkPolicy=obj(
+            "NetworkPolicies: each InferenceService's workers only from its routers; the operator pods.",
+            enabled=boolean("Render them (the operator's per service and the chart's)."),
+            metricsNamespaces=namespaces("Namespaces whose pods may scrape the workers (Prometheus's)."),
+        ),
         rbac=obj("RBAC.", create=boolean("Create the ClusterRole and its binding.")),
         test=obj(
             "The `helm test` pod.",

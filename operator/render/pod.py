@@ -9,7 +9,7 @@ from strata.operator.api.quantity import parse_quantity, quantity_fraction
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest, bytes_quantity
 from strata.operator.render.configmap import config_hash
-from strata.operator.render.vllm import vllm_args, vllm_command, vllm_env
+from strata.operator.render.vllm import vllm_api_key_env, vllm_args, vllm_command, vllm_env
 from strata.operator.render.volumes import engine_mounts, render_volumes, sidecar_mounts
 from strata.operator.settings import OperatorSettings
 from strata.worker.config import DRAIN_CUTOFF_S
@@ -103,7 +103,7 @@ def engine_container(plan: ServicePlan, settings: OperatorSettings) -> Manifest:
     }
     if plan.vllm:
         container["command"], container["args"] = vllm_command(plan), vllm_args(plan)
-        container["env"] = [*pod_env(), *vllm_env(), *plan.pod.env]
+        container["env"] = [*pod_env(), *vllm_env(), *plan.pod.env, *vllm_api_key_env(plan)]
         container["readinessProbe"] = _http_probe("/health", "http", period_s=5, failures=2)
     return container
 

@@ -17,7 +17,7 @@ import json
 from strata.operator import names
 from strata.operator.plan import ServicePlan
 from strata.operator.render.common import Manifest
-from strata.worker.config import KVTierConfig, WorkerConfig, engine_event_endpoints
+from strata.worker.config import API_KEY_ENV, KVTierConfig, WorkerConfig, engine_event_endpoints
 
 CONNECTOR = "StrataConnector"
 CONNECTOR_MODULE = "strata.worker.vllm.connector"
@@ -25,6 +25,7 @@ EVENTS_TOPIC = "kv"
 # vLLM and the caches it fills (Hugging Face, torch.compile) write under HOME; the root file
 # system is read-only, so they write in the pod's /tmp.
 WRITABLE_HOME = "/tmp"
+VLLM_API_KEY = "VLLM_API_KEY"
 
 
 def vllm_args(plan: ServicePlan) -> list[str]:
@@ -88,6 +89,16 @@ def vllm_env() -> list[Manifest]:
         {"name": "HOME", "value": WRITABLE_HOME},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
     ]
+
+
+def vllm_api_key_env(plan: ServicePlan) -> list[Manifest]:
+    """vLLM's own key check (on ``/v1``) with the key the service gives in ``spec.pod.env`` as
+    ``STRATA_API_KEY``: the engine requires what the routers require. After the tenant's
+    variables, which define the one it names; none where the tenant sets ``VLLM_API_KEY``."""
+    given = {e.get("name") for e in plan.pod.env}
+    if API_KEY_ENV not in given or VLLM_API_KEY in given:
+        return []
+    return [{"name": VLLM_API_KEY, "value": f"$({API_KEY_ENV})"}]
 
 
 def vllm_command(plan: ServicePlan) -> list[str]:

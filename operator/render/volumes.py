@@ -6,6 +6,8 @@ engine mounts the model."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from strata.common.kvbudget import KVTIER_STAGING_BYTES
 from strata.operator import names
 from strata.operator.plan import ServicePlan
@@ -43,9 +45,25 @@ def nvme_claim_spec(plan: ServicePlan) -> Manifest:
     return spec
 
 
+NvmeSource = Literal["claimTemplate", "ephemeral", "hostPath", "emptyDir"]
+
+
+def nvme_source(plan: ServicePlan, settings: OperatorSettings) -> NvmeSource | None:
+    """Where the NVMe tier lives: a provisioned volume (a StatefulSet's claim template where it
+    persists, else a generic ephemeral volume), or the node's directory. Where the namespace's Pod
+    Security level refuses hostPath, the node's directory is an emptyDir on the node's disk
+    instead: kept across container restarts, not past the pod, its size bounded by the sidecar's
+    capacity alone (as the directory's). None: no NVMe tier."""
+    if plan.nvme is None:
+        return None
+    if settings.nvme_volume == "hostPath":
+        return "hostPath" if plan.host_path_allowed else "emptyDir"
+    return "claimTemplate" if plan.nvme.persistent else "ephemeral"
+
+
 def uses_claim_template(plan: ServicePlan, settings: OperatorSettings) -> bool:
     """A persistent NVMe tier on a provisioned volume lives in a StatefulSet claim template."""
-    return plan.nvme is not None and plan.nvme.persistent and settings.nvme_volume == "ephemeral"
+    return nvme_source(plan, settings) == "claimTemplate"
 
 
 def render_volumes(plan: ServicePlan, settings: OperatorSettings) -> list[Manifest]:
@@ -72,13 +90,16 @@ def model_volume(plan: ServicePlan) -> Manifest:
 
 
 def _nvme_volume(plan: ServicePlan, settings: OperatorSettings) -> Manifest | None:
-    if plan.nvme is None or uses_claim_template(plan, settings):
+    source = nvme_source(plan, settings)
+    if source is None or source == "claimTemplate":
         return None
-    if settings.nvme_volume == "hostPath":
+    if source == "hostPath":
         return {
             "name": NVME_VOLUME,
             "hostPath": {"path": settings.nvme_host_path, "type": "DirectoryOrCreate"},
         }
+    if source == "emptyDir":  # as the host directory, no size limit: past one the pod is evicted
+        return {"name": NVME_VOLUME, "emptyDir": {}}
     return {
         "name": NVME_VOLUME,
         "ephemeral": {
@@ -112,7 +133,7 @@ def sidecar_mounts(plan: ServicePlan, settings: OperatorSettings) -> list[Manife
     mounts = shared_mounts()
     if plan.nvme is not None:
         nvme: Manifest = {"name": NVME_VOLUME, "mountPath": plan.worker.kvtier.nvme.path}
-        if settings.nvme_volume == "hostPath":
+        if nvme_source(plan, settings) == "hostPath":
             nvme["subPathExpr"] = HOST_PATH_SUBDIR
         mounts.append(nvme)
     if plan.shared is not None:

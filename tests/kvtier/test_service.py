@@ -22,6 +22,7 @@ from strata.worker.kvtier.recovery import Recovery
 from strata.worker.kvtier.server import Sidecar
 from strata.worker.kvtier.service import KVTierService, Owner, PutBlock
 from strata.worker.kvtier.shared import FilesystemBlockStore
+from strata.worker.kvtier.walls import tenant_root
 
 from .conftest import MiB, kvtier_config
 
@@ -166,7 +167,7 @@ def test_a_blocks_parent_in_the_same_put_is_its_key_object_in_every_tier(root):
 def test_the_shared_volumes_janitor_keeps_every_workers_blocks_within_its_size(root):
     """Another replica filled the shared volume past its size before this sidecar started: the
     sidecar takes the janitor's lock, sweeps, and reports it; its own writes go on."""
-    other = FilesystemBlockStore(root / "shared")
+    other = FilesystemBlockStore(tenant_root(root / "shared", ""))  # the tenant's directory
     for n in range(100, 140):  # 40 blocks of a volume sized for 16 (16 MiB / 1 MiB files)
         other.write(key(n), ROOT, 0, memoryview(payload(n) * 256))
     service = make(root, write_mode="write-through", shared={"enabled": True})
@@ -201,9 +202,9 @@ def test_a_block_another_replica_wrote_to_the_shared_volume_is_not_written_again
     )
     try:
         put(first, [0, 1])
-        written = os.stat(FilesystemBlockStore(root / "shared")._path(key(0)))
+        written = os.stat(FilesystemBlockStore(tenant_root(root / "shared", ""))._path(key(0)))
         put(second, [0, 1, 2])  # the same prefix, computed again, and one block more
-        again = os.stat(FilesystemBlockStore(root / "shared")._path(key(0)))
+        again = os.stat(FilesystemBlockStore(tenant_root(root / "shared", ""))._path(key(0)))
         assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
         assert second.metrics.written_bytes.labels("shared")._value.get() == BLOCK  # block 2 alone
         assert second.shared is not None and list(second.shared.index) == [key(2)]
@@ -359,7 +360,7 @@ def test_a_block_another_replica_wrote_costs_this_workers_share_nothing(root):
         put(second, [0, 1])
         assert second.shared is not None and set(second.shared.index) == {key(5), key(6)}
         assert second.metrics.evictions.labels("shared")._value.get() == 0
-        assert FilesystemBlockStore(root / "shared").contains(key(5))
+        assert FilesystemBlockStore(tenant_root(root / "shared", "")).contains(key(5))
     finally:
         first.close()
         second.close()

@@ -17,7 +17,7 @@ from strata.stack import inference_service, operator_running, wait_ready
 pytestmark = pytest.mark.cluster
 SERVICES = 6
 IDLE_S = 45
-WATCHES = 10  # resources the operator watches: at most one stream re-opened each in the window
+WATCHES = 11  # resources the operator watches: at most one stream re-opened each in the window
 CLIENT_REQUESTS = "strata_operator_api_requests_total"
 
 

@@ -168,7 +168,8 @@ async def test_first_reconcile_creates_every_child_and_reports():
     assert events.reasons().count("Created") == 2
     (listing,) = [e[3] for e in events.events if e[0] == "chat" and e[2] == "Created"]
     children = (
-        "ConfigMap chat-config, Deployment chat, Deployment chat-router, PodDisruptionBudget chat, "
+        "ConfigMap chat-config, Deployment chat, Deployment chat-router, NetworkPolicy chat, "
+        "NetworkPolicy chat-router, PodDisruptionBudget chat, "
         "PodDisruptionBudget chat-router, Role chat-router, RoleBinding chat-router, Service chat, "
         "Service chat-metrics, ServiceAccount chat-router"
     )

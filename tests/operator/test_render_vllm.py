@@ -103,3 +103,14 @@ def test_the_routers_follow_the_relay_and_tokenize_with_the_models_files():
     router = make().router
     assert router.workers.engine == "vllm" and router.workers.device == "cuda"
     assert router.model.path == "/models/model"  # vLLM's tokenizer, even for a builtin model
+
+
+def test_vllm_requires_the_key_the_routers_require() -> None:
+    key = {"name": "STRATA_API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}}
+    names = [e["name"] for e in engine(make(pod={"env": [key]}))["env"]]
+    assert names.index("VLLM_API_KEY") > names.index("STRATA_API_KEY")  # defined before it is used
+    env = {e["name"]: e.get("value") for e in engine(make(pod={"env": [key]}))["env"]}
+    assert env["VLLM_API_KEY"] == "$(STRATA_API_KEY)"
+    assert "VLLM_API_KEY" not in {e["name"] for e in engine(make())["env"]}  # no key: none
+    own = {"name": "VLLM_API_KEY", "value": "theirs"}
+    assert [e for e in engine(make(pod={"env": [key, own]}))["env"] if e["name"] == "VLLM_API_KEY"] == [own]

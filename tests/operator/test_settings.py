@@ -19,8 +19,11 @@ def test_environment_is_read():
             "STRATA_IMAGE_PULL_SECRETS": '[{"name": "regcred"}, {"name": "mirror.creds"}]',
             "STRATA_ROUTER_NODE_SELECTOR": '{"pool": "cpu", "kubernetes.io/os": "linux"}',
             "STRATA_ROUTER_RESOURCES": '{"requests": {"cpu": "50m"}, "limits": {"memory": "1.5Gi"}}',
+            "STRATA_NETWORK_POLICY": "false",
+            "STRATA_METRICS_NAMESPACES": '["strata-system", "monitoring", "monitoring"]',
         }
     )
+    assert not s.network_policy and s.metrics_namespaces == ("monitoring", "strata-system")
     assert s.router_node_selector == (("kubernetes.io/os", "linux"), ("pool", "cpu"))
     assert s.router_resources.manifest() == {"requests": {"cpu": "50m"}, "limits": {"memory": "1.5Gi"}}
     assert s.nvme_volume == "hostPath" and s.metrics_port == 9191 and s.metrics_host == "127.64.1.2"
@@ -49,6 +52,10 @@ def test_environment_is_read():
         ("router_resources", '{"request": {}}', r"STRATA_ROUTER_RESOURCES: unknown key\(s\) \['request'\]"),
         ("router_resources", '{"requests": {"cpu": "lots"}}', "requests: cpu 'lots' is not a quantity"),
         ("router_resources", '{"limits": ["1Gi"]}', "limits: must be an object"),
+        ("network_policy", "yes", "STRATA_NETWORK_POLICY: 'yes' is not true or false"),
+        ("metrics_namespaces", "monitoring", "STRATA_METRICS_NAMESPACES: not JSON"),
+        ("metrics_namespaces", '{"ns": 1}', "JSON list"),
+        ("metrics_namespaces", '["Monitoring"]', "'Monitoring' is not a namespace name"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(key, value, fragment):

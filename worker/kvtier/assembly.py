@@ -38,6 +38,7 @@ from strata.worker.kvtier.sightings import (
 )
 from strata.worker.kvtier.state import ServiceState
 from strata.worker.kvtier.tiers import DramTier, NvmeTier, SharedTier
+from strata.worker.kvtier.walls import make_private_dir, tenant_root
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,10 @@ class Assembly:
             expires = cfg.retention_s is not None
             state.nvme = NvmeTier(store, cfg.nvme.persistent, cfg.nvme.eviction, cfg.nvme.admission, expires)
         if cfg.shared.enabled:
-            state.janitor = Janitor(Path(cfg.shared.path), cfg.shared.capacity_bytes, state.metrics.swept)
-            volume = FilesystemBlockStore(cfg.shared.path)
+            root = self.tenant_directory(tenant_root(cfg.shared.path, state.tenant))
+            legacy = Path(cfg.shared.path)
+            state.janitor = Janitor(root, cfg.shared.capacity_bytes, state.metrics.swept, legacy=legacy)
+            volume = FilesystemBlockStore(root)
             state.shared = SharedTier(volume, state.memory.fitted.shared, on_full=state.janitor.full)
             state.janitor.start()
         state.mover = Mover(cfg, state.metrics, (state.dram, state.nvme, state.shared), state.pinned)
@@ -83,6 +86,16 @@ class Assembly:
         state.keeper, state.admission_state = open_places(self._admission_places())
         self._publish_capacity()
         log.info("kvtier: dram %d, nvme %d slots of %d bytes", dram_slots, nvme_slots, state.slot_bytes)
+
+    @staticmethod
+    def tenant_directory(root: Path) -> Path:
+        """The tenant's directory on the shared volume, private; a volume that cannot hold it
+        now is one the shared tier skips while it fails (``SharedTier``), not a failed start."""
+        try:
+            return make_private_dir(root)
+        except OSError as err:
+            log.warning("shared tier: cannot make the tenant's directory %s: %s", root, err)
+            return root
 
     def fit_memory(self) -> Fit:
         """The blocks each tier may index within the sidecar's memory (``strata.common.kvbudget``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ from strata.common import logs
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig, engine_event_endpoints
 from strata.worker.kvtier import allocator
+from strata.worker.kvtier.walls import PRIVATE_UMASK
 
 if TYPE_CHECKING:
     from strata.worker.kvtier.server import Sidecar
@@ -53,6 +55,7 @@ def main(argv: list[str]) -> int:
     if args.command == "build-native":
         return build_native()
     logs.setup(args.log_level)
+    os.umask(PRIVATE_UMASK)  # the DRAM slots, NVMe files and socket are its user's alone
     allocator.fix_thresholds()  # before the indexes are built: see allocator.py
     try:
         config = WorkerConfig.load(args.config)
@@ -72,6 +75,7 @@ def main(argv: list[str]) -> int:
             metrics_port=args.metrics_port,
             metrics_host=args.host,
             engine_events=engine_events,
+            tenant=config.cache_namespace,
         )
         sidecar.start()
     except (OSError, ValueError) as err:  # an unwritable path, a port in use: say so, no traceback

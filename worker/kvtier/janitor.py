@@ -192,8 +192,12 @@ class Janitor:
         capacity: int,
         on_sweep: Callable[[Sweep], None] | None = None,
         every_s: float = SWEEP_EVERY_S,
+        legacy: Path | None = None,
     ) -> None:
         self.root, self.capacity, self.every_s = root, capacity, every_s
+        # Blocks of the layout before per-tenant directories (the volume's own fan-out
+        # directories), which no sidecar reads any more: removed at each sweep as stale.
+        self.legacy = legacy
         self.on_sweep = on_sweep
         self.last: Sweep | None = None
         self._lock_fd: int | None = None
@@ -296,6 +300,8 @@ class Janitor:
                 stale.append(found)
             else:
                 tally.add(found)
+        if self.legacy is not None:
+            stale += scan(self.legacy)
         removed_stale = remove(stale)
         cut = cutoff(tally, self.capacity)
         removed_lru, freed = self._remove_oldest(cut) if cut is not None else (0, 0)

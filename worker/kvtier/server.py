@@ -19,7 +19,7 @@ from typing import Any
 from strata.common.logs import REQUEST_ID
 from strata.worker.block_events import BlockEvents
 from strata.worker.config import KVTierConfig
-from strata.worker.kvtier import protocol
+from strata.worker.kvtier import protocol, walls
 from strata.worker.kvtier.announced import ANNOUNCED_TTL_S, Announcers
 from strata.worker.kvtier.metrics import TierMetrics, serve_http
 from strata.worker.kvtier.protocol import Message
@@ -244,6 +244,16 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
 
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Only the sidecar's own user (the engine of its pod) may connect (``walls``)."""
+        uid = walls.peer_uid(request)
+        if walls.peer_allowed(uid, walls.own_uid()):
+            return True
+        log.warning(
+            "kvtier: refused a connection from uid %d (only uid %d may connect)", uid, walls.own_uid()
+        )
+        return False
+
     def close_connections(self) -> None:
         with self.connections_lock:
             for sock in self.connections:
@@ -349,11 +359,12 @@ class Sidecar:
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
         engine_events: BlockEvents | None = None,
+        tenant: str = "",
     ):
         self.config = config
         self.engine_events = engine_events  # a vLLM engine's HBM blocks, relayed
         self.metrics = TierMetrics()
-        self.service = KVTierService(config, self.metrics)
+        self.service = KVTierService(config, self.metrics, tenant=tenant)
         self.announcers = Announcers(self.service)
         if block_bytes:
             self.service.configure(block_bytes)
@@ -365,11 +376,11 @@ class Sidecar:
 
     def start(self) -> None:
         path = Path(self.config.socket_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        walls.socket_dir(path.parent)
         path.unlink(missing_ok=True)  # a previous run's socket; the previous run is gone
         self._server = _Server(str(path))
         self._server.service = self.service
-        os.chmod(path, 0o660)
+        os.chmod(path, walls.PRIVATE_FILE)
         threading.Thread(
             target=self._server.serve_forever, args=(0.05,), name="kvtier-socket", daemon=True
         ).start()

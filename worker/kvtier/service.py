@@ -45,8 +45,10 @@ class KVTierService:
         metrics: TierMetrics | None = None,
         staging_slots: int | None = None,
         background_demotion: bool = True,
+        tenant: str = "",
     ) -> None:
         self.state = ServiceState(config, metrics or TierMetrics(), background_demotion, staging_slots)
+        self.state.tenant = tenant
         if staging_slots:
             self.state.staging_slots = staging_slots
         self.assembly = Assembly(self.state)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from strata.worker.kvtier.arena import checksum
+from strata.worker.kvtier.walls import PRIVATE_DIR, PRIVATE_FILE, inside
 
 _HEADER = struct.Struct("<8sII16s16siQ")  # magic, version, length, key, parent, priority, checksum
 _MAGIC = b"STRATAKV"
@@ -26,6 +27,7 @@ _MAGIC = b"STRATAKV"
 FAN_OUT = 2
 BLOCK_SUFFIX, TEMP_SUFFIX = ".kv", ".tmp"
 _VERSION = 2
+KEY_BYTES = 16
 
 
 class CorruptBlock(Exception):
@@ -56,8 +58,11 @@ class FilesystemBlockStore:
         self.root = Path(root)
 
     def _path(self, key: bytes) -> Path:
+        """A key's file, always under the root: keys are fixed-size hashes, checked here again."""
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"key: a block key is {KEY_BYTES} bytes, got {len(key)}")
         name = key.hex()
-        return self.root / name[:FAN_OUT] / f"{name}{BLOCK_SUFFIX}"
+        return inside(self.root, self.root / name[:FAN_OUT] / f"{name}{BLOCK_SUFFIX}")
 
     def contains(self, key: bytes) -> bool:
         return self._path(key).is_file()
@@ -96,11 +101,12 @@ class FilesystemBlockStore:
 
     def write(self, key: bytes, parent: bytes, priority: int, data: memoryview) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
         header = _HEADER.pack(_MAGIC, _VERSION, len(data), key, parent, priority, checksum(data))
         try:
-            with open(tmp, "wb", buffering=0) as dst:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+            with open(fd, "wb", buffering=0) as dst:
                 dst.write(header)
                 dst.write(data)
                 os.fsync(dst.fileno())

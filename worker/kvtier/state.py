@@ -32,6 +32,7 @@ class ServiceState:
     staging_asked: int | None = None  # None: as many as KVTIER_STAGING_BYTES holds
     events: BlockEvents = field(default_factory=BlockEvents)  # what each tier holds, for routers
     staging_slots: int = STAGING_SLOTS
+    tenant: str = ""  # the cache namespace: its directory on the shared volume (``walls``)
     block_bytes: int = 0
     slot_bytes: int = 0
     dram: DramTier | None = None

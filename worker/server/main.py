@@ -16,7 +16,8 @@ import sys
 
 from aiohttp import web
 
-from strata.worker.config import API_KEY_ENV, DRAIN_CUTOFF_S, WorkerConfig
+from strata.common.openai.auth import api_key_from
+from strata.worker.config import DRAIN_CUTOFF_S, WorkerConfig
 from strata.worker.engine.llm_engine import LLMEngine
 from strata.worker.server.app import build_app
 from strata.worker.server.drain import Drain
@@ -60,7 +61,7 @@ async def _serve(config: WorkerConfig, engine_loop: EngineLoop) -> None:
     drain = Drain()
     # handler_cancellation: a client that hangs up aborts its request instead of running on.
     runner = web.AppRunner(
-        build_app(engine_loop, drain, api_key=os.environ.get(API_KEY_ENV) or None),
+        build_app(engine_loop, drain, api_key=api_key_from(os.environ)),
         handle_signals=False,
         access_log=None,
         handler_cancellation=True,

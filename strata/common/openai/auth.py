@@ -5,6 +5,7 @@ it)."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -12,6 +13,20 @@ from aiohttp.typedefs import Middleware
 from strata.common.openai.errors import ApiError, Handler, error_response
 
 MISSING_KEY = "invalid or missing API key: send Authorization: Bearer <key>"
+API_KEY_ENV = "STRATA_API_KEY"
+
+
+def api_key_from(environ: Mapping[str, str]) -> str | None:
+    """The key ``STRATA_API_KEY`` requires, None where it is unset. Surrounding whitespace (a
+    Secret made from a file ends in a newline) is not part of it; set but blank is refused
+    (ValueError naming it), never taken for no key: its owner meant the API to be closed."""
+    raw = environ.get(API_KEY_ENV)
+    if raw is None:
+        return None
+    key = raw.strip()
+    if not key:
+        raise ValueError(f"{API_KEY_ENV} is set but empty: give the key, or unset it to serve without one")
+    return key
 
 
 def api_key_check(api_key: str) -> Middleware:
