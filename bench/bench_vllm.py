@@ -6,7 +6,8 @@ local node runs the pods for real (vLLM's CPU build, ``make vllm-env``).
   NVMe), one prompt of ``PROMPT_TOKENS`` tokens: cold; again (vLLM's own prefix cache); after
   the engine container was SIGKILLed and restarted (HBM gone: Strata's DRAM); after the pod was
   deleted and its StatefulSet made a new one (DRAM gone: NVMe). Every row's output at
-  temperature 0 is compared with the cold run's.
+  temperature 0 is compared with the cold run's, and each row says how many prompt tokens vLLM
+  did not compute (``cached_tokens``, from the stream's usage).
 - ``routing``: two vLLM pods (``hf-small``, HBM only, each holding about a quarter of the
   slice's distinct prefix blocks) behind the router, its cache-aware policy against round-robin,
   on a slice of the Mooncake conversation trace, each policy with tokens of its own (no cache
@@ -118,41 +119,72 @@ def ttft_rows(cluster: Cluster, root: Path) -> dict[str, Any]:
     cluster.apply(vllm_service("ttft", TIER, MODEL, cache, max_context=8192), NAMESPACE)
     pod = ready_pods(cluster, "ttft", 1)[0]
     prompt = dataplane.long_prompt(PROMPT_TOKENS)
-    times, texts = {}, {}
-    times["cold"], texts["cold"] = first_token(pod.api, prompt)
-    times["hbm"], texts["hbm"] = first_token(pod.api, prompt)
+    rows: dict[str, FirstToken] = {}
+    rows["cold"] = first_token(pod.api, prompt)
+    rows["hbm"] = first_token(pod.api, prompt)
+    held_on_nvme(pod)
+    crash(cluster, pod, ["engine"])
+    rows["dram"] = first_token(pod.api, prompt)
+    replace(cluster, pod)
+    # The new pod's sidecar recovers its NVMe index when vLLM's connector first connects, at
+    # this request: the recovery is part of the row.
+    pod = ready_pods(cluster, "ttft", 1)[0]
+    rows["nvme"] = first_token(pod.api, prompt)
+    return ttft_result(rows, len(prompt.encode()))
+
+
+def held_on_nvme(pod: WalkPod) -> None:
     wanted = PROMPT_TOKENS // VLLM_CPU_BLOCK - 1
     wait_for(
         lambda: dataplane.held_blocks(pod.kv_metrics)["nvme"] >= wanted, COMMITTED_S, what="blocks on NVMe"
     )
-    crash(cluster, pod, ["engine"])
-    times["dram"], texts["dram"] = first_token(pod.api, prompt)
-    replace(cluster, pod)
-    pod = ready_pods(cluster, "ttft", 1)[0]
-    times["nvme"], texts["nvme"] = first_token(pod.api, prompt)
+
+
+def ttft_result(rows: dict[str, FirstToken], prompt_tokens: int) -> dict[str, Any]:
+    times = {k: row.ttft_s for k, row in rows.items()}
     return {
         "ttft_s": {k: round(v, 4) for k, v in times.items()},
-        "prompt_tokens": len(prompt.encode()),
-        "outputs_equal": len(set(texts.values())) == 1,
-        "outputs": texts,
+        "cached_tokens": {k: row.cached_tokens for k, row in rows.items()},
+        "prompt_tokens": prompt_tokens,
+        "outputs_equal": len({row.text for row in rows.values()}) == 1,
+        "outputs": {k: row.text for k, row in rows.items()},
         "speedup": {k: round(times["cold"] / v, 2) for k, v in times.items() if k != "cold"},
     }
 
 
-def first_token(api: str, prompt: str) -> tuple[float, str]:
-    """Client-side TTFT of a streamed completion at temperature 0, and its whole text."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True}
+@dataclasses.dataclass(frozen=True)
+class FirstToken:
+    ttft_s: float
+    text: str
+    cached_tokens: int  # the prompt tokens vLLM did not compute: its prefix cache or Strata's tiers
+
+
+def first_token(api: str, prompt: str) -> FirstToken:
+    """Client-side TTFT of a streamed completion at temperature 0, its whole text, and the cached
+    prompt tokens vLLM reports in the stream's usage."""
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start, ttft, text = time.perf_counter(), None, []
+    usage: dict[str, Any] = {}
     with httpx.stream("POST", f"{api}/v1/completions", json=body, timeout=1200) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                piece = json.loads(line.removeprefix("data: "))["choices"][0].get("text") or ""
-                ttft = ttft if ttft is not None else time.perf_counter() - start
-                text.append(piece)
+                chunk = json.loads(line.removeprefix("data: "))
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    text.append(choice.get("text") or "")
     if ttft is None:
         raise RuntimeError(f"{api}: the stream ended before the first token")
-    return ttft, "".join(text)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return FirstToken(ttft, "".join(text), int(cached))
 
 
 def ready_pods(cluster: Cluster, service: str, count: int) -> list[WalkPod]:
@@ -189,8 +221,8 @@ def offloading_row(root: Path) -> dict[str, Any]:
             offloaded = first_token(engine.url, prompt)
     except (AssertionError, httpx.HTTPError, RuntimeError) as err:
         return {"ran": False, "error": last_error(log.read_text() if log.exists() else str(err))}
-    return {"ran": True, "ttft_s": {"cold": round(cold[0], 4), "cpu": round(offloaded[0], 4)},
-            "outputs_equal": cold[1] == offloaded[1]}  # fmt: skip
+    return {"ran": True, "ttft_s": {"cold": round(cold.ttft_s, 4), "cpu": round(offloaded.ttft_s, 4)},
+            "outputs_equal": cold.text == offloaded.text}  # fmt: skip
 
 
 def last_error(log: str) -> str:
