@@ -6,6 +6,11 @@ It watches Services only: the pods are the runtime's own, read at each connectio
 agents, so a pod counts as soon as the runtime reported it Ready and stops counting as soon as it
 is terminating. Every address is loopback.
 
+A pod that closes a connection before answering a single byte (a router killed with the
+request in hand) has it sent to another pod: the proxy keeps what the client sent until a pod
+answers (``Exchange``; up to ``REPLAY_LIMIT``), as the routers keep a request until a worker
+answers. Once a byte came back, nothing is sent again: a reply cut short is the client's to see.
+
 A burst must not lose connections the proxy already accepted: it listens with a deep accept
 queue, raises its own open-file limit to the hard limit (each connection is two descriptors),
 and a connection whose pod does not take it at once (SYNs dropped while a busy pod's own accept
@@ -22,6 +27,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -119,9 +125,17 @@ class ServiceProxy:
         assert task is not None
         self.connections.add(task)
         try:
-            upstream = await self._connect(listener)
-            if upstream is not None:
-                await _pipe(reader, writer, *upstream)
+            exchange = Exchange()
+            for _ in range(MAX_SENDS):
+                upstream = await self._connect(listener)
+                if upstream is None:
+                    return
+                await _relay(reader, writer, *upstream, exchange)
+                if not exchange.resendable or writer.is_closing():
+                    return
+                log.info(
+                    "service %s/%s: a pod closed a connection unanswered; another takes it", *_key(listener)
+                )
         finally:
             self.connections.discard(task)
             writer.close()
@@ -185,23 +199,99 @@ def raise_open_files_limit() -> None:
             )
 
 
-async def _pipe(
+REPLAY_LIMIT = 1 << 20  # bytes of a request kept for another pod; a larger one is not sent again
+MAX_SENDS = 3  # pods one connection is sent to, at most
+
+
+@dataclass
+class Exchange:
+    """One client connection as far as sending it to another pod needs: what the client sent
+    until a pod answered (pure bookkeeping)."""
+
+    sent: bytearray = field(default_factory=bytearray)
+    client_done: bool = False  # the client half-closed after sending
+    client_gone: bool = False  # reading the client failed
+    answered: bool = False  # a pod sent a byte back: nothing is sent again after that
+    overflow: bool = False  # more than REPLAY_LIMIT before an answer
+
+    @property
+    def resendable(self) -> bool:
+        """Whether another pod may take the connection after this one closed it: only before
+        any answer, with everything the client sent still held."""
+        return not (self.answered or self.overflow or self.client_gone)
+
+    def from_client(self, data: bytes) -> None:
+        if self.answered or self.overflow:
+            return
+        if len(self.sent) + len(data) > REPLAY_LIMIT:
+            self.overflow = True
+            self.sent.clear()
+        else:
+            self.sent += data
+
+    def from_pod(self) -> None:
+        self.answered = True
+        self.sent.clear()
+
+
+def _key(listener: Listener) -> tuple[str, str]:
+    return listener.namespace, listener.service
+
+
+async def _relay(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     up_reader: asyncio.StreamReader,
     up_writer: asyncio.StreamWriter,
+    exchange: Exchange,
 ) -> None:
-    """Copy both ways until either side is done; then close both."""
+    """One pod's part of a connection: what the client sent so far first, then both ways until
+    the pod is done; the client's side waits for the client only once the pod answered."""
+    upward = asyncio.create_task(_upward(reader, up_writer, exchange))
     try:
-        await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
+        await _downward(up_reader, writer, exchange)
+        if exchange.answered:
+            await upward
     finally:
+        # Unanswered: the next pod reads on from the client (a cancelled read leaves the bytes unread).
+        upward.cancel()
+        await asyncio.gather(upward, return_exceptions=True)
         up_writer.close()
 
 
-async def _copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+async def _upward(reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, exchange: Exchange) -> None:
+    """Client to pod: what an earlier pod did not answer, then what the client sends."""
     with contextlib.suppress(OSError, ConnectionError):
-        while data := await source.read(CHUNK):
-            sink.write(data)
-            await sink.drain()
-        if sink.can_write_eof():
-            sink.write_eof()
+        up_writer.write(bytes(exchange.sent))
+        if exchange.client_done:
+            up_writer.write_eof()
+            return
+        while data := await _read_client(reader, exchange):
+            exchange.from_client(data)
+            up_writer.write(data)
+            await up_writer.drain()
+        if not exchange.client_gone:
+            exchange.client_done = True
+            if up_writer.can_write_eof():
+                up_writer.write_eof()
+
+
+async def _read_client(reader: asyncio.StreamReader, exchange: Exchange) -> bytes:
+    try:
+        return await reader.read(CHUNK)
+    except (OSError, ConnectionError):
+        exchange.client_gone = True
+        return b""
+
+
+async def _downward(
+    up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: Exchange
+) -> None:
+    """Pod to client; the client's EOF only once the pod answered (else another pod will)."""
+    with contextlib.suppress(OSError, ConnectionError):
+        while data := await up_reader.read(CHUNK):
+            exchange.from_pod()
+            writer.write(data)
+            await writer.drain()
+        if exchange.answered and writer.can_write_eof():
+            writer.write_eof()
