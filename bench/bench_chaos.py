@@ -27,7 +27,7 @@ from typing import Any
 
 from bench import chaos_faults, chaos_load, chaos_outcome
 from bench.chaos_outcome import Response, Row
-from bench.chaos_platform import Platform, platform_up, wait_healthy
+from bench.chaos_platform import Platform, platform_up, wait_healthy, wait_unhealthy
 
 LOAD_SHARE = 0.6  # of one replica's throughput: one replica carries it while the other recovers
 MEASURE_S = 15.0
@@ -35,6 +35,7 @@ LEAD_S = 8.0
 TAIL_S = 20.0
 QUIET_S = 30.0
 RECOVER_S = 600.0  # a bound: a replaced pod imports torch and loads the model
+NOTICED_S = 20.0  # a kill the platform has not noticed by then: it recovered before it showed
 CORRUPT_METRIC = "strata_kvtier_corrupt_blocks_total"
 
 
@@ -120,6 +121,8 @@ class Run:
             warnings = self.platform.warnings()
             fault_s = self.now()
             injected = chaos_faults.FAULTS[name](self.platform, self.t0)
+            if injected.disrupts:
+                wait_unhealthy(self.platform, NOTICED_S)
             ready_s = self._recovered()
             time.sleep(TAIL_S)
             caught = corrupt_caught(counters, self.platform.sidecar_metric(CORRUPT_METRIC))

@@ -13,7 +13,8 @@ the first worker pod (or router pod) by name order, so a run is repeatable.
   writes); removed after the row.
 - ``shm-full``: the same in the worker pod's memory-backed /dev/shm volume.
 - ``nvme-corrupt``: bytes inside every written slot of the worker's NVMe data file overwritten,
-  then the pod deleted, so its successor finds the corrupted blocks in its recovered index.
+  then the pod deleted, so its successor finds the corrupted blocks in its recovered index; once
+  it is Ready the other worker deleted, so that the successor is asked for those blocks.
 - ``slow-disk``: 50 ms added to each read, write and sync the sidecar makes (strace's syscall
   delay injection, no FUSE, no kernel module); detached after the row.
 - ``burst``: 1,000 requests at once through the Service's ClusterIP.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from bench import chaos_load
 from bench.chaos_outcome import Response
-from bench.chaos_platform import Platform
+from bench.chaos_platform import Platform, wait_healthy, wait_unhealthy
 from strata import stack
 
 BURST = 1000
@@ -43,6 +44,8 @@ CORRUPT_BYTES = 256
 CORRUPT_SLOTS = 4096
 BALLAST = "chaos-ballast"
 OPERATOR_KILL_AFTER_S = 1.0
+SUCCESSOR_S = 600.0
+FRESH_PREFIXES, FRESH_SENDS, FRESH_SEED = 16, 3, 100
 
 
 @dataclass
@@ -50,6 +53,9 @@ class Injected:
     undo: Callable[[], None] = lambda: None
     responses: list[Response] = field(default_factory=list)  # the fault's own requests (a burst)
     note: str = ""
+    # Whether the platform should be seen unhealthy first (a kill, a restart): its recovery is
+    # timed from there, not from a look taken before the runtime noticed.
+    disrupts: bool = True
 
 
 Fault = Callable[[Platform, float], Injected]
@@ -122,14 +128,30 @@ def fill(directory: Path) -> Callable[[], None]:
 
 
 def nvme_full(platform: Platform, t0: float) -> Injected:
+    """The volume filled, then new prompts, each a few times: the blocks the tier now admits
+    (seen more than once) are written, and find no room."""
     if not platform.nvme_is_mount:
         raise Skipped("the NVMe volume is not a mount of its own here (needs root): not filling the disk")
-    return Injected(undo=fill(platform.nvme))
+    undo = fill(platform.nvme)
+    responses = asyncio.run(_fresh(platform.url(), t0))
+    return Injected(undo=undo, responses=responses, disrupts=False)
+
+
+async def _fresh(url: str, t0: float) -> list[Response]:
+    pool = chaos_load.prompt_pool()
+    fresh = chaos_load.prompt_pool(prefixes=FRESH_PREFIXES, per_prefix=1, seed=FRESH_SEED)
+    both = [*pool, *fresh]  # indices past the pool's have no reference answer: not compared
+    async with chaos_load.new_client(4) as client:
+        return [
+            await chaos_load.send(client, url, both, len(pool) + i, t0)
+            for _ in range(FRESH_SENDS)
+            for i in range(len(fresh))
+        ]
 
 
 def shm_full(platform: Platform, t0: float) -> Injected:
     pid = platform.container_pid(first(platform.workers()), "kvtier")
-    return Injected(undo=fill(Path(f"/proc/{pid}/root/dev/shm")))
+    return Injected(undo=fill(Path(f"/proc/{pid}/root/dev/shm")), disrupts=False)
 
 
 def data_files(platform: Platform, pod: str) -> list[Path]:
@@ -157,7 +179,11 @@ def corrupt(path: Path, block_bytes: int, slot_bytes: int, slots: int) -> int:
 
 
 def nvme_corrupt(platform: Platform, t0: float) -> Injected:
-    name = first(platform.workers())
+    """The first worker's NVMe blocks corrupted and the pod deleted; once its successor (which
+    recovers the corrupted index) is Ready, the other worker deleted, so that the prefixes it
+    served come to the successor, which reads them from NVMe."""
+    workers = platform.workers()
+    name, other = first(workers), str(workers[-1]["metadata"]["name"])
     files = data_files(platform, name)
     if not files:
         raise RuntimeError(f"chaos: no NVMe data file of {name} under {platform.nvme}")
@@ -166,7 +192,10 @@ def nvme_corrupt(platform: Platform, t0: float) -> Injected:
         meta = json.loads((path.parent / "meta.json").read_text())
         changed += corrupt(path, int(meta["block_bytes"]), int(meta["slot_bytes"]), CORRUPT_SLOTS)
     platform.cluster.kubectl("delete", "pod", name, "-n", platform.namespace, "--wait=false")
-    return Injected(note=f"{changed} slots corrupted in {len(files)} file(s), then {name} deleted")
+    wait_unhealthy(platform, SUCCESSOR_S)
+    wait_healthy(platform, SUCCESSOR_S)
+    platform.cluster.kubectl("delete", "pod", other, "-n", platform.namespace, "--wait=false")
+    return Injected(note=f"{changed} slots corrupted in {name}'s NVMe file, {name} then {other} deleted")
 
 
 def slow_disk(platform: Platform, t0: float) -> Injected:
@@ -189,7 +218,7 @@ def slow_disk(platform: Platform, t0: float) -> Injected:
     time.sleep(1)
     if tracer.poll() is not None:
         raise RuntimeError(f"chaos: strace exited with {tracer.returncode}; cannot slow the disk")
-    return Injected(undo=lambda: _stop(tracer))
+    return Injected(undo=lambda: _stop(tracer), disrupts=False)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -203,7 +232,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def burst(platform: Platform, t0: float) -> Injected:
     responses = asyncio.run(chaos_load.burst(platform.url(), chaos_load.prompt_pool(), BURST, t0))
-    return Injected(responses=responses)
+    return Injected(responses=responses, disrupts=False)
 
 
 def mixed(platform: Platform, t0: float) -> Injected:

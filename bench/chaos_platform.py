@@ -186,3 +186,13 @@ def wait_healthy(platform: Platform, timeout_s: float) -> float:
     """Until the platform is healthy; when it was (time.monotonic())."""
     stack.wait_for(platform.healthy, timeout_s, what=f"{NAMESPACE}/{SERVICE} healthy", interval_s=1)
     return time.monotonic()
+
+
+def wait_unhealthy(platform: Platform, timeout_s: float) -> bool:
+    """Until the platform shows a fault (best effort: False when it never did within the bound)."""
+    deadline = time.monotonic() + timeout_s
+    while platform.healthy():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
