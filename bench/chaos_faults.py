@@ -128,8 +128,8 @@ def fill(directory: Path) -> Callable[[], None]:
 
 
 def nvme_full(platform: Platform, t0: float) -> Injected:
-    """The volume filled, then new prompts, each a few times: the blocks the tier now admits
-    (seen more than once) are written, and find no room."""
+    """The volume filled, then new prompts, a few times each: their blocks are written through
+    to NVMe, and its log finds no room."""
     if not platform.nvme_is_mount:
         raise Skipped("the NVMe volume is not a mount of its own here (needs root): not filling the disk")
     undo = fill(platform.nvme)

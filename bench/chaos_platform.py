@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from strata import stack
 from strata.cluster.cluster import Cluster, ClusterConfig
 from strata.cluster.startup import launch
@@ -30,6 +32,8 @@ from strata.stack.serving import loopback_ip, ready_pod, ready_worker_pods, work
 from strata.worker.config import WorkerConfig
 
 NAMESPACE, SERVICE = "chaos", "chat"
+TIER = "chaos-premium"
+CHART_TIERS = Path(__file__).resolve().parents[1] / "charts" / "strata" / "files" / "servicetiers"
 REPLICAS = 2
 READY_S = 900.0  # pods import torch and load the model: minutes on a loaded two-core machine
 NVME_VOLUME_BYTES = 1536 << 20  # two or three pods' NVMe tiers and the shared tier
@@ -135,8 +139,17 @@ def service_manifest() -> dict[str, Any]:
     spec = {"replicas": REPLICAS, "minReplicas": REPLICAS, "maxReplicas": REPLICAS}
     resources = stack.local_resources("100m", "1Gi")
     return stack.inference_service(
-        SERVICE, "premium", resources=resources, cache=SHARED_CACHE, autoscaling={"mode": "off"}, **spec
+        SERVICE, TIER, resources=resources, cache=SHARED_CACHE, autoscaling={"mode": "off"}, **spec
     )
+
+
+def tier_manifest() -> dict[str, Any]:
+    """The chart's premium tier, but NVMe admits a block the first time it is written: the load's
+    few prompts are on NVMe at once, and the full-volume fault's new prompts are written to it."""
+    manifest: dict[str, Any] = yaml.safe_load((CHART_TIERS / "premium.yaml").read_text())
+    manifest["metadata"] = {"name": TIER}
+    manifest["spec"]["cache"]["nvme"]["admitAfterHits"] = 0
+    return manifest
 
 
 def mount_nvme(directory: Path) -> bool:
@@ -176,6 +189,7 @@ def platform_up() -> Iterator[Platform]:
 
 def _apply_service(platform: Platform) -> None:
     cluster = platform.cluster
+    cluster.apply(tier_manifest())
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     cluster.apply(service_manifest(), NAMESPACE)
     ready_worker_pods(cluster, NAMESPACE, SERVICE, REPLICAS, READY_S)
