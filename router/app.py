@@ -57,6 +57,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         return await parts.forwarder.forward(request, admitted, route, arrived)
     except ApiError as err:
         return _error(err)
+    except Refused as refused:  # every replica failed before any byte (counted by the forwarder)
+        return _error(ApiError(refused.status, refused.message, kind="server_error"), refused.retry_after_s)
 
 
 def _error(err: ApiError, retry_after_s: int | None = None) -> web.Response:

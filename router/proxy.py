@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +22,9 @@ import aiohttp
 from aiohttp import web
 
 from strata.common.openai.errors import DRAINING_HEADER
-from strata.common.openai.protocol import ApiError
 from strata.common.openai.request_id import HEADER as REQUEST_ID
-from strata.router.fleet import Endpoint, EndpointDown, Fleet
-from strata.router.gate import Gate, Route
+from strata.router.fleet import DOWN_S, Endpoint, EndpointDown, Fleet
+from strata.router.gate import Gate, Refused, Route
 from strata.router.intake import Admitted
 from strata.router.metrics import RouterMetrics
 
@@ -122,7 +122,9 @@ class Forwarder:
             self.gate.finished(previous, completed=False)
         self.metrics.requests.labels(route.reason, "503").inc()
         tried = len(route.endpoints)
-        raise ApiError(503, f"no replica could take the request ({tried} tried)", kind="server_error")
+        # Every replica failed before any byte: the client may come back once they are tried again.
+        message = f"no replica could take the request ({tried} tried)"
+        raise Refused(503, message, math.ceil(DOWN_S), "no_replica")
 
     async def _attempt(self, endpoint: Endpoint, path: str, admitted: Admitted) -> aiohttp.ClientResponse:
         """POST to one endpoint; returns once its response headers are in."""
@@ -148,6 +150,8 @@ class Forwarder:
             raise TimeoutError(f"no response within {self.timeouts.response_s:g}s")
         finally:
             endpoint.attempts.discard(abandoned)
+            if abandoned.done() and not abandoned.cancelled():
+                abandoned.exception()  # marked down after the answer came: seen, nothing to raise
             if not post.done():
                 post.cancel()
             if not abandoned.done():

@@ -43,6 +43,7 @@ from strata.operator.autoscale.scalein import ScaleIn
 from strata.operator.autoscale.scrape import Scraper
 from strata.operator.autoscale.signals import Aggregate, Scrape, aggregate
 from strata.operator.autoscale.telemetry import Telemetry
+from strata.operator.autoscale.volumes import VolumeWatch
 from strata.operator.events import EventSink
 from strata.operator.kube import KubeClient
 from strata.operator.replicas import desired_replicas
@@ -74,12 +75,14 @@ class Autoscaler:
     scraper: Scraper = field(init=False)  # the pods' metrics
     accounting: Accounting = field(init=False)  # the verdicts and cost, for metrics and tiers
     scale_in: ScaleIn = field(init=False)
+    volumes: VolumeWatch = field(init=False)  # full KV-tier volumes, told as Events
 
     def __post_init__(self) -> None:
         self.api = ApiCalls(self.kube)
         self.scraper = Scraper(lambda: self.clock())  # read when called: tests set a clock later
         self.accounting = Accounting(self.api, self.telemetry, lambda: self.clock())
         self.scale_in = ScaleIn(self.kube, self.scraper.get_text)
+        self.volumes = VolumeWatch(lambda url: self.scraper.get_text(url))
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -128,8 +131,10 @@ class Autoscaler:
             uid = str(isvc["metadata"]["uid"])
             if await wake.wake(self, isvc, uid):  # at zero, with requests held at its routers
                 return uid
-            samples = await self.scraper.scrape_pods(self.views.ready_pods((namespace, name)))
+            pods = self.views.ready_pods((namespace, name))
+            samples = await self.scraper.scrape_pods(pods)
             await self._report_model(isvc, uid, samples)
+            await self.volumes.report(isvc, [p for p in pods if p.uid in samples], self.events)
             tier = self.views.tier(tier_name(isvc))
             now = self.clock()
             current = Scrape(now, samples)

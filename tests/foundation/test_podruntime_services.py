@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -189,6 +190,7 @@ async def _proxy_round_trip() -> tuple[list[bytes], bytes]:
         KubeClient(k8s_client.Configuration(host="https://127.0.0.1:1")),  # never called here
         f"{base}.0/24",
         lambda: [p if ready["now"] else endpoint(p.ip, ready=False) for p in pods],
+        connect_deadline_s=0.3,
     )
     svc = service("s", ip=f"{base}.1", ports=[{"port": rng.randint(20000, 60000), "targetPort": "web"}])
     proxy.services[svc.key] = svc
@@ -203,10 +205,47 @@ async def _proxy_round_trip() -> tuple[list[bytes], bytes]:
     return answers, closed
 
 
-def test_the_proxy_forwards_round_robin_and_closes_when_no_pod_is_ready() -> None:
+def test_the_proxy_forwards_round_robin_and_closes_when_no_pod_is_ready_by_its_deadline() -> None:
     answers, closed = asyncio.run(_proxy_round_trip())
     assert answers == [b"one hello\n", b"two hello\n", b"one hello\n", b"two hello\n"]
     assert closed == b""
+
+
+async def _late_pod_round_trip() -> list[bytes]:
+    """A pod that refuses connections for a moment (restarting, its accept queue full): the
+    proxy keeps the client's connection and hands it over once the pod listens."""
+    rng = random.Random()
+    base = f"127.{rng.randint(200, 250)}.{rng.randint(1, 250)}"
+    probe = await asyncio.start_server(functools.partial(_echo_name, b"late"), f"{base}.2", 0)
+    pod_port = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()  # nothing listens there now: connections are refused
+    pod = endpoint(f"{base}.2", ports={"web": pod_port})
+    proxy = ServiceProxy(
+        KubeClient(k8s_client.Configuration(host="https://127.0.0.1:1")), f"{base}.0/24", lambda: [pod]
+    )
+    svc = service("s", ip=f"{base}.1", ports=[{"port": rng.randint(20000, 60000), "targetPort": "web"}])
+    proxy.services[svc.key] = svc
+    await proxy._sync(svc.key)
+    asks = [asyncio.create_task(_ask(f"{base}.1", svc.spec.ports[0].port)) for _ in range(20)]
+    await asyncio.sleep(0.5)
+    late = await asyncio.start_server(functools.partial(_echo_name, b"late"), f"{base}.2", pod_port)
+    answers = await asyncio.gather(*asks)
+    await proxy.close()
+    late.close()
+    return answers
+
+
+def test_the_proxy_holds_a_connection_until_a_refusing_pod_takes_it() -> None:
+    assert asyncio.run(_late_pod_round_trip()) == [b"late hello\n"] * 20
+
+
+def test_the_proxy_pauses_between_rounds_growing_to_a_second() -> None:
+    from strata.cluster.podruntime.proxy import retry_pause_s
+
+    pauses = [retry_pause_s(n) for n in range(8)]
+    assert pauses[:3] == [0.05, 0.1, 0.2] and pauses[-1] == 1.0
+    assert pauses == sorted(pauses) and retry_pause_s(10_000) == 1.0
 
 
 @pytest.mark.parametrize("cidr", ["203.0.113.0/24", "127.96.0.0/33"])
@@ -215,3 +254,64 @@ def test_the_runtime_refuses_a_service_range_outside_loopback(cidr: str) -> None
 
     with pytest.raises(SystemExit):
         parse_args(["--kubeconfig=k", "--root=r", "--logs=l", f"--service-cidr={cidr}"])
+
+
+async def _answer_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readline()  # takes the request, then dies without a word (a router killed)
+    writer.transport.abort()
+
+
+async def _half_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readline()
+    writer.write(b"par")
+    await writer.drain()
+    writer.transport.abort()
+
+
+async def _resent_round_trip(first: Callable[..., Awaitable[None]]) -> list[bytes]:
+    """Two pods, the first of which fails as ``first`` does; four connections, each starting
+    at the next pod in turn."""
+    rng = random.Random()
+    base = f"127.{rng.randint(200, 250)}.{rng.randint(1, 250)}"
+    handlers: list[Callable[..., Awaitable[None]]] = [first, functools.partial(_echo_name, b"two")]
+    backends = [await asyncio.start_server(h, f"{base}.{i + 2}", 0) for i, h in enumerate(handlers)]
+    pods = [
+        endpoint(f"{base}.{i + 2}", ports={"web": s.sockets[0].getsockname()[1]})
+        for i, s in enumerate(backends)
+    ]
+    proxy = ServiceProxy(
+        KubeClient(k8s_client.Configuration(host="https://127.0.0.1:1")), f"{base}.0/24", lambda: pods
+    )
+    svc = service("s", ip=f"{base}.1", ports=[{"port": rng.randint(20000, 60000), "targetPort": "web"}])
+    proxy.services[svc.key] = svc
+    await proxy._sync(svc.key)
+    answers = [await _ask(f"{base}.1", svc.spec.ports[0].port) for _ in range(4)]
+    await proxy.close()
+    for backend in backends:
+        backend.close()
+    return answers
+
+
+def test_a_request_a_pod_closed_unanswered_goes_to_another_pod() -> None:
+    assert asyncio.run(_resent_round_trip(_answer_nothing)) == [b"two hello\n"] * 4
+
+
+def test_a_reply_cut_short_is_not_sent_again() -> None:
+    answers = asyncio.run(_resent_round_trip(_half_answer))
+    assert sorted(answers) == [b"par", b"par", b"two hello\n", b"two hello\n"]
+
+
+def test_the_exchange_keeps_the_request_until_an_answer_and_only_so_much() -> None:
+    from strata.cluster.podruntime.proxy import REPLAY_LIMIT, Exchange
+
+    exchange = Exchange()
+    exchange.from_client(b"POST /v1 ")
+    assert exchange.resendable and bytes(exchange.sent) == b"POST /v1 "
+    exchange.from_pod()
+    exchange.from_client(b"more")
+    assert not exchange.resendable and not exchange.sent
+    big = Exchange()
+    big.from_client(b"x" * (REPLAY_LIMIT + 1))
+    assert not big.resendable and not big.sent
+    gone = Exchange(client_gone=True)
+    assert not gone.resendable

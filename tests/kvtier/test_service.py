@@ -288,10 +288,34 @@ def test_full_disk_refuses_blocks_and_keeps_serving(root, monkeypatch):
     assert service.lookup([key(4), key(5)]) == ["dram", "dram"]
     assert service.lookup([key(0)]) == []
     assert service.metrics.errors.labels("nvme")._value.get() >= 1
-    monkeypatch.undo()
-    put(service, [10, 11, 12])  # the disk has room again
-    assert service.lookup([key(4)]) == ["nvme"]
+    assert service.metrics.full.labels("nvme")._value.get() == 1
+    monkeypatch.undo()  # the disk has room again
+    assert service.nvme is not None and not service.nvme.admits_writes(time.monotonic())
+    put(service, [10, 11, 12])  # no admissions until the tier tries again
+    assert service.lookup([key(4)]) == []
+    service.nvme.full_until = 0.0  # the retry time has passed
+    put(service, [20, 21, 22])
+    assert service.lookup([key(10)]) == ["nvme"] or service.lookup([key(11)]) == ["nvme"]
+    assert service.metrics.full.labels("nvme")._value.get() == 0
     service.close()
+
+
+def test_a_restart_on_a_full_volume_keeps_its_blocks_and_does_not_crash(root, monkeypatch):
+    service = make(root, dram={"capacity_bytes": 2 * BLOCK})
+    put(service, list(range(6)))
+    held = set(service.nvme.index) if service.nvme is not None else set()
+    service.close()
+    real_open = open
+
+    def full(path, mode="r", *args, **kwargs):  # the log's rewrite finds no room
+        if str(path).endswith(".tmp") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full)
+    again = make(root, dram={"capacity_bytes": 2 * BLOCK})
+    assert again.nvme is not None and set(again.nvme.index) == held and held
+    again.close()
 
 
 def test_warm_restart_serves_nvme_blocks_and_drops_torn_ones(root):

@@ -100,6 +100,12 @@ class TierMetrics:
             "1 while the tier admits only blocks seen before (doorkeeper, or adaptive following it).",
         )
         self.errors = counter("io_errors", "I/O errors (full disk, unreachable store); the tier degraded.")
+        self.full = gauge(
+            "volume_full",
+            "1 while the tier admits no blocks because a write found its volume full (ENOSPC); reads go "
+            "on, and writes are tried again after a while.",
+        )
+        self.full.labels("nvme").set(0)
         self.volume_bytes = gauge(
             "volume_bytes",
             "Bytes the whole shared volume held (every worker's blocks) at the janitor's last sweep; "

@@ -180,8 +180,27 @@ class NvmeStore:
             live = replay.finish()
             for key in [k for k, r in live.items() if r.slot >= self.num_slots]:
                 del live[key]
-        self._rewrite_log(live.values())
-        self._meta_path.write_text(json.dumps(self._meta()))
+        try:
+            self._rewrite_log(live.values())
+            self._meta_path.write_text(json.dumps(self._meta()))
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            return self._recover_on_full_volume(live, err)
+        return live
+
+    def _recover_on_full_volume(self, live: dict[bytes, Record], err: OSError) -> dict[bytes, Record]:
+        """No room to rewrite the log (someone filled the volume): a restart must not crash on
+        it. The old log, read just now, stays as it is where its blocks are kept; otherwise it
+        is emptied, which takes no room."""
+        self._log_path.with_suffix(".tmp").unlink(missing_ok=True)
+        if not (live and self._meta_matches()):
+            os.ftruncate(self._log_fd, 0)
+            live = {}
+        log.warning(
+            "nvme: volume full at start (%s): log kept as it was, %d blocks recovered", err, len(live)
+        )
+        self._log_records = len(live)
         return live
 
     def _meta(self) -> dict[str, int]:

@@ -144,8 +144,16 @@ class DramTier:
         return self.arena.view(slot)
 
 
+FULL_VOLUME = (errno.ENOSPC, errno.EDQUOT)
+NVME_FULL_RETRY_S = 30.0  # a full volume is tried again this long after a write found it full
+
+
 class NvmeTier:
-    """Blocks in the slots of a preallocated file, indexed in memory and in the store's log."""
+    """Blocks in the slots of a preallocated file, indexed in memory and in the store's log.
+
+    A write that finds the volume full (ENOSPC, EDQUOT: the log grows, or someone else filled
+    the volume) stops the tier admitting blocks for ``NVME_FULL_RETRY_S``; then one batch tries
+    again. Reads go on: the blocks there are as good as before."""
 
     def __init__(
         self,
@@ -168,8 +176,29 @@ class NvmeTier:
             used[r.slot] = 1
         self._free = [s for s in range(store.num_slots - 1, -1, -1) if not used[s]]
         self._leases = Leases()  # slots a promotion reads with the lock released
+        self.full_until = 0.0  # time.monotonic() until which a full volume admits nothing
+        self.full_reason = ""
         if count:
             log.info("nvme: recovered %d blocks", count)
+
+    def admits_writes(self, now: float) -> bool:
+        return now >= self.full_until
+
+    def write_failed(self, err: OSError, now: float) -> bool:
+        """A failed write: True (and no admissions for a while) when the volume is full."""
+        if err.errno not in FULL_VOLUME:
+            return False
+        if self.admits_writes(now):
+            log.warning(
+                "nvme: volume full, admitting no blocks for %.0f s (reads go on): %s", NVME_FULL_RETRY_S, err
+            )
+        self.full_until, self.full_reason = now + NVME_FULL_RETRY_S, str(err)
+        return True
+
+    def write_succeeded(self) -> None:
+        if self.full_reason:
+            log.info("nvme: writes succeed again; admitting blocks")
+        self.full_until, self.full_reason = 0.0, ""
 
     def take_slot(self) -> int | None:
         return self._free.pop() if self._free else None

@@ -92,6 +92,8 @@ class Writer:
 
     def _nvme_takes(self, key: bytes, entry: Entry) -> bool:
         assert self.nvme is not None
+        if not self.nvme.admits_writes(time.monotonic()):  # full: refused before admission counts it
+            return False
         return key not in self.nvme.index and key not in self.in_flight and self.nvme_admits(key, entry)
 
     def _take_nvme_slots(self, blocks: Sequence[tuple[bytes, Entry]]) -> list[tuple[Record, memoryview]]:
@@ -236,11 +238,10 @@ class Writer:
             return
         self.in_flight.difference_update(record.key for record in records)
         if plan.nvme_error is not None:
-            log.warning("nvme: write of %d blocks failed, not stored: %s", len(records), plan.nvme_error)
-            self.metrics.errors.labels("nvme").inc()
-            for record in records:
-                nvme.give_back(record.slot)
+            self._nvme_failed(nvme, records, plan.nvme_error)
             return
+        nvme.write_succeeded()
+        self.metrics.full.labels("nvme").set(0)
         self.metrics.write_seconds.labels("nvme").observe(plan.nvme_seconds)
         self.metrics.written_bytes.labels("nvme").inc(len(records) * self.block_bytes)
         self.metrics.direct_written_bytes.labels("nvme").inc(len(plan.engine) * self.block_bytes)
@@ -251,7 +252,19 @@ class Writer:
             entry = Entry(record.parent, record.priority, False, now, record.slot, record.checksum)
             nvme.index.add(record.key, entry)
         if nvme.store.needs_compaction(len(nvme.index)):
-            nvme.store.compact(nvme.records(), len(nvme.index))
+            try:
+                nvme.store.compact(nvme.records(), len(nvme.index))
+            except OSError as err:  # the old log still holds every record: compact later
+                self._nvme_failed(nvme, [], err)
+
+    def _nvme_failed(self, nvme: NvmeTier, records: Sequence[Record], err: OSError) -> None:
+        """Blocks not stored: their slots back; a full volume stops admissions for a while."""
+        if not nvme.write_failed(err, time.monotonic()):
+            log.warning("nvme: write of %d blocks failed, not stored: %s", len(records), err)
+        self.metrics.errors.labels("nvme").inc()
+        self.metrics.full.labels("nvme").set(1 if nvme.full_reason else 0)
+        for record in records:
+            nvme.give_back(record.slot)
 
 
 def _parent_bytes(entry: Entry) -> bytes:
