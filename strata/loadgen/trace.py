@@ -9,6 +9,7 @@ production traffic for a 70B model becomes a few minutes that a CPU test model c
 
 from __future__ import annotations
 
+import configparser
 import json
 import math
 import os
@@ -64,8 +65,26 @@ class TimedRequest:
 
 
 def traces_dir() -> Path:
-    """The shared Mooncake traces: ``STRATA_TRACES_DIR``, else ../shared/data/traces beside the checkout."""
-    return Path(os.environ.get("STRATA_TRACES_DIR", REPO_ROOT / ".." / "shared" / "data" / "traces"))
+    """The shared Mooncake traces: ``STRATA_TRACES_DIR``; else ../shared/data/traces beside the
+    checkout, or beside the checkout this one was cloned from (a clean clone made elsewhere, as
+    under /tmp, to check that a fresh checkout passes)."""
+    if "STRATA_TRACES_DIR" in os.environ:
+        return Path(os.environ["STRATA_TRACES_DIR"])
+    candidates = [root / ".." / "shared" / "data" / "traces" for root in (REPO_ROOT, *cloned_from(REPO_ROOT))]
+    return next((path for path in candidates if path.is_dir()), candidates[0])
+
+
+def cloned_from(checkout: Path) -> list[Path]:
+    """The local checkout ``checkout`` was cloned from (its ``origin`` remote, when that is a
+    directory on this machine); none for a remote on another machine or no git metadata."""
+    config = configparser.ConfigParser(strict=False, interpolation=None)
+    try:
+        config.read(checkout / ".git" / "config")
+        url = config.get('remote "origin"', "url", fallback="")
+    except configparser.Error:
+        return []
+    path = Path(url.removeprefix("file://"))
+    return [path] if path.is_absolute() and path.is_dir() else []
 
 
 class TraceError(ValueError):

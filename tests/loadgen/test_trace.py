@@ -13,6 +13,7 @@ from strata.loadgen.trace import (
     TraceError,
     TraceRecord,
     block_tokens,
+    cloned_from,
     read_trace,
     shared_prefix_tokens,
     timed_requests,
@@ -86,3 +87,26 @@ def test_summary_counts_errors_against_the_slo() -> None:
     assert summary.slo_attainment == pytest.approx(1 / 3)
     assert summary.cached_ratio == 0.25 and summary.ttft_p95_s == 0.4 and summary.ttft_p50_s == 0.1
     assert percentile([], 0.5) is None and summarize([], 1.0).slo_attainment is None
+
+
+def test_a_clone_finds_the_traces_beside_the_checkout_it_was_cloned_from(tmp_path: Path) -> None:
+    origin, clone = tmp_path / "work" / "main", tmp_path / "elsewhere" / "clone"
+    (clone / ".git").mkdir(parents=True)
+    origin.mkdir(parents=True)
+    (clone / ".git" / "config").write_text(f'[core]\n\tbare = false\n[remote "origin"]\n\turl = {origin}\n')
+    assert cloned_from(clone) == [origin]
+
+
+def test_a_remote_on_another_machine_is_not_a_place_to_look(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    for url in ("https://example.com/strata.git", "git@example.com:strata.git", "relative/path"):
+        (tmp_path / ".git" / "config").write_text(f'[remote "origin"]\n\turl = {url}\n')
+        assert cloned_from(tmp_path) == []
+    assert cloned_from(tmp_path / "no-checkout") == []
+
+
+def test_the_traces_directory_named_in_the_environment_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STRATA_TRACES_DIR", str(tmp_path))
+    assert traces_dir() == tmp_path
