@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
+from strata.common.traces import traces_dir
 from strata.operator.api.generate import CHART_TIERS
-from strata.sim.scenario import REPO, TRACES_DIR, ScenarioFile, ServiceEntry
+from strata.sim.scenario import REPO, ScenarioFile, ServiceEntry
 
 TRACES = {"conversation": "mooncake_conversation.jsonl", "synthetic": "mooncake_synthetic.jsonl"}
 SPANS_S = {"conversation": 3537.0, "synthetic": 1022.0}
@@ -148,6 +149,6 @@ def fingerprint(builtin: bool = False, extra: tuple[str, ...] = (), root: Path =
             if file.is_file() and "__pycache__" not in file.parts and relative not in skip:
                 digest.update(relative.encode() + b"\0" + file.read_bytes())
     for trace in TRACES.values():
-        path = TRACES_DIR / trace
+        path = traces_dir() / trace
         digest.update(f"{trace}:{path.stat().st_size if path.exists() else 'missing'}".encode())
     return digest.hexdigest()[:16]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import routing_lookahead, routing_real, routing_sim
+from strata.common.traces import traces_dir
 from strata.router import weights
 from strata.router.choose import Policy
 from strata.worker.kvtier.shared import FilesystemBlockStore
@@ -38,10 +39,6 @@ def traces() -> list[Path]:
     if not found:
         raise RuntimeError(f"routing bench: no *.jsonl traces in {traces_dir()} (set STRATA_TRACES_DIR)")
     return found
-
-
-def traces_dir() -> Path:
-    return Path(os.environ.get("STRATA_TRACES_DIR", REPO / ".." / "shared" / "data" / "traces"))
 
 
 def sim(policy: Policy) -> dict[str, dict[str, dict[str, dict[str, float]]]]:

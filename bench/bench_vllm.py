@@ -37,11 +37,12 @@ import openai
 import yaml
 
 from strata.cluster import Cluster, ClusterConfig, find_bin_dir, launch
+from strata.common.traces import traces_dir
 from strata.demo import dataplane
 from strata.demo.walk import WalkPod, crash, replace
 from strata.loadgen.replay import replay
 from strata.loadgen.summary import Outcome, percentile
-from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests, traces_dir
+from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests
 from strata.operator import names
 from strata.stack import local_pods_env, operator_running
 from strata.stack.dataplane import RouterProcess, running_router

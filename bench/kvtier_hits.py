@@ -4,11 +4,11 @@ offline optimum, on both Mooncake traces, with the checks the policies are held 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from strata.common.traces import traces_dir
 from strata.worker.kvtier import reference, simulate
 
 CAPACITIES = (1000, 5000, 10000, 30000)
@@ -44,10 +44,6 @@ ROWS: dict[str, Row] = {
     ),
 }
 PEERS = ("lru", "prefix-aware", "tail-first", "lfu", "s3-fifo")  # prefix-aware = SGLang's leaf-LRU
-
-
-def traces_dir() -> Path:
-    return Path(os.environ.get("STRATA_TRACES_DIR", REPO / ".." / "shared" / "data" / "traces"))
 
 
 def table(trace: Trace) -> dict[str, dict[str, float]]:

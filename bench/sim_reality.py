@@ -46,6 +46,7 @@ from typing import Any, Literal, TypeVar
 from openai import AsyncOpenAI
 
 from bench.reality_worker import ENGINE_BLOCK, MAX_BATCHED_TOKENS, NUM_GPU_BLOCKS, Worker, worker
+from strata.common.traces import traces_dir
 from strata.operator.api import ServiceTier
 from strata.operator.autoscale.metrics import PodSample, parse_exposition
 from strata.sim import trace as traces
@@ -55,7 +56,7 @@ from strata.sim.profile import Profile
 from strata.sim.profiles import CPU
 from strata.sim.report import row
 from strata.sim.run import Scenario, simulate
-from strata.sim.scenario import TRACES_DIR, load_tiers
+from strata.sim.scenario import load_tiers
 from strata.sim.service import ServiceConfig
 
 TRACE = "mooncake_synthetic.jsonl"
@@ -76,7 +77,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of /proc's CPU times
 
 
 def workload() -> traces.Trace:
-    return traces.load(TRACES_DIR / TRACE).window(START_S, WINDOW_S).scaled(TOKEN_SCALE)
+    return traces.load(traces_dir() / TRACE).window(START_S, WINDOW_S).scaled(TOKEN_SCALE)
 
 
 def time_scale(trace: traces.Trace, profile: Profile) -> float:

@@ -25,6 +25,7 @@ import openai
 
 from strata import stack
 from strata.cluster.cluster import Cluster
+from strata.common.traces import traces_dir
 from strata.demo.platform import UTILIZATION_WINDOW_S
 from strata.demo.sizing import HEADROOM, LOAD_SHARE, Measured, Sizing, size
 from strata.demo.tally import Tally
@@ -32,7 +33,7 @@ from strata.demo.view import LoadView, ServiceReport, ServiceView, frame, table
 from strata.loadgen.background import BackgroundLoad
 from strata.loadgen.calibrate import compression_for, throughput
 from strata.loadgen.summary import Outcome, percentile, summarize
-from strata.loadgen.trace import Scaling, TimedRequest, TraceRecord, read_trace, timed_requests, traces_dir
+from strata.loadgen.trace import Scaling, TimedRequest, TraceRecord, read_trace, timed_requests
 from strata.stack.serving import pod_sample, router_url, worker_pods
 
 NAMESPACE = "tenant-b"

@@ -9,10 +9,8 @@ production traffic for a 70B model becomes a few minutes that a CPU test model c
 
 from __future__ import annotations
 
-import configparser
 import json
 import math
-import os
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,7 +18,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TRACE_BLOCK_TOKENS = 512  # Mooncake's hash_ids cover 512 prompt tokens each
 # Printable ASCII: with a byte-level tokenizer (the test models) each id is one character, so a
 # prompt can also be shown as text; any model's vocabulary has these ids.
@@ -62,29 +59,6 @@ class TimedRequest:
     prompt: tuple[int, ...]  # token ids
     max_tokens: int
     blocks: tuple[int, ...]  # the trace's hash_ids this prompt is made of
-
-
-def traces_dir() -> Path:
-    """The shared Mooncake traces: ``STRATA_TRACES_DIR``; else ../shared/data/traces beside the
-    checkout, or beside the checkout this one was cloned from (a clean clone made elsewhere, as
-    under /tmp, to check that a fresh checkout passes)."""
-    if "STRATA_TRACES_DIR" in os.environ:
-        return Path(os.environ["STRATA_TRACES_DIR"])
-    candidates = [root / ".." / "shared" / "data" / "traces" for root in (REPO_ROOT, *cloned_from(REPO_ROOT))]
-    return next((path for path in candidates if path.is_dir()), candidates[0])
-
-
-def cloned_from(checkout: Path) -> list[Path]:
-    """The local checkout ``checkout`` was cloned from (its ``origin`` remote, when that is a
-    directory on this machine); none for a remote on another machine or no git metadata."""
-    config = configparser.ConfigParser(strict=False, interpolation=None)
-    try:
-        config.read(checkout / ".git" / "config")
-        url = config.get('remote "origin"', "url", fallback="")
-    except configparser.Error:
-        return []
-    path = Path(url.removeprefix("file://"))
-    return [path] if path.is_absolute() and path.is_dir() else []
 
 
 class TraceError(ValueError):

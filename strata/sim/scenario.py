@@ -20,13 +20,13 @@ services:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from strata.common.traces import traces_dir
 from strata.operator.api import ServiceTier
 from strata.operator.api.generate import CHART_TIERS
 from strata.sim import trace as traces
@@ -35,7 +35,6 @@ from strata.sim.run import Scenario
 from strata.sim.service import ServiceConfig
 
 REPO = Path(__file__).resolve().parents[2]
-TRACES_DIR = Path(os.environ.get("STRATA_TRACES_DIR", REPO.parent / "shared" / "data" / "traces"))
 
 
 class ScenarioError(ValueError):
@@ -144,10 +143,10 @@ def _service(entry: ServiceEntry, base: Path | None, seed: int) -> ServiceConfig
 
 
 def _trace_path(name: str, base: Path | None) -> Path:
-    for candidate in (Path(name), *(b / name for b in (base, TRACES_DIR) if b is not None)):
+    for candidate in (Path(name), *(b / name for b in (base, traces_dir()) if b is not None)):
         if candidate.exists():
             return candidate
-    raise ScenarioError(f"trace: {name!r} not found (also looked in {base or '.'} and {TRACES_DIR})")
+    raise ScenarioError(f"trace: {name!r} not found (also looked in {base or '.'} and {traces_dir()})")
 
 
 def _near(name: str, base: Path | None) -> str:

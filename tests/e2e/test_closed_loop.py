@@ -38,10 +38,11 @@ import yaml
 
 from strata.cluster import Cluster
 from strata.common.endpoints import WORKER_PORT
+from strata.common.traces import traces_dir
 from strata.loadgen.background import BackgroundLoad
 from strata.loadgen.calibrate import compression_for, throughput
 from strata.loadgen.summary import Outcome
-from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests, traces_dir
+from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests
 from strata.stack import (
     OperatorProcess,
     events,

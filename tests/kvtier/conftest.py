@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from strata.common.traces import traces_dir
 from strata.worker.config import KVTierConfig, ModelConfig, WorkerConfig
 from strata.worker.kvtier.server import Sidecar
 
@@ -19,7 +20,7 @@ MiB = 2**20
 # Where the engine tests run the engine: the CPU here; "cuda" on a GPU machine
 # (tools/device/check.sh), which proves the tiers' CUDA path.
 TEST_DEVICE = os.environ.get("STRATA_TEST_DEVICE", "cpu")
-TRACES = Path(os.environ.get("STRATA_TRACES_DIR", Path(__file__).parents[2] / "../shared/data/traces"))
+TRACES = traces_dir()
 
 
 @pytest.fixture

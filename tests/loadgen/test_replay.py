@@ -12,11 +12,12 @@ from pathlib import Path
 import openai
 import pytest
 
+from strata.common.traces import traces_dir
 from strata.loadgen.background import BackgroundLoad
 from strata.loadgen.calibrate import compression_for, throughput
 from strata.loadgen.replay import replay
 from strata.loadgen.summary import Outcome, summarize
-from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests, traces_dir
+from strata.loadgen.trace import Scaling, TimedRequest, read_trace, timed_requests
 from strata.stack.wait import wait_for
 from tests.worker.worker_proc import running_worker
 

@@ -7,17 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from strata.common.traces import cloned_from, traces_dir
 from strata.loadgen.summary import Outcome, percentile, summarize
 from strata.loadgen.trace import (
     Scaling,
     TraceError,
     TraceRecord,
     block_tokens,
-    cloned_from,
     read_trace,
     shared_prefix_tokens,
     timed_requests,
-    traces_dir,
 )
 
 CONVERSATION = traces_dir() / "mooncake_conversation.jsonl"
