@@ -63,12 +63,13 @@ def worker_config(root: Path, namespace: str = "default", **overrides: Any) -> W
 
 
 @pytest.fixture
-def start_sidecar() -> Iterator[Callable[[KVTierConfig], Sidecar]]:
-    """Start in-process sidecars (metrics off); all are stopped at teardown."""
+def start_sidecar() -> Iterator[Callable[..., Sidecar]]:
+    """Start in-process sidecars (metrics off), of a tenant (cache namespace) where one is named;
+    all are stopped at teardown."""
     started: list[Sidecar] = []
 
-    def start(config: KVTierConfig, block_bytes: int | None = None) -> Sidecar:
-        sidecar = Sidecar(config, block_bytes=block_bytes, metrics_port=0)
+    def start(config: KVTierConfig, block_bytes: int | None = None, tenant: str = "") -> Sidecar:
+        sidecar = Sidecar(config, block_bytes=block_bytes, metrics_port=0, tenant=tenant)
         sidecar.start()
         started.append(sidecar)
         return sidecar

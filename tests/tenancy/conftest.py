@@ -12,12 +12,14 @@ import pytest
 
 from strata.worker.config import WorkerConfig
 from strata.worker.kvtier.server import Sidecar
+from tests.kvtier import conftest as kvtier
 from tests.kvtier.conftest import MiB, worker_config
 
 TENANT_A, TENANT_B = (
     "team-a.0b5e7c1e-1111-4222-8333-444455556666",
     "team-b.7d0f9a2c-5555-4666-8777-888899990000",
 )
+start_sidecar = kvtier.start_sidecar  # the kvtier tests' fixture, for these tests too
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 32 * 4  # the tests' float32 blocks (SHAPE)
 StartTenant = Callable[[str, str], WorkerConfig]
 
@@ -32,10 +34,9 @@ def volume() -> Iterator[Path]:
 
 
 @pytest.fixture
-def start_tenant(volume: Path) -> Iterator[StartTenant]:
+def start_tenant(volume: Path, start_sidecar: Callable[..., Sidecar]) -> StartTenant:
     """Start the sidecar of ``tenant`` (a cache namespace) in pod directory ``pod``: its own DRAM
     tier and socket, no NVMe, the shared tier on ``volume/shared``, every block written through."""
-    started: list[Sidecar] = []
 
     def start(pod: str, tenant: str) -> WorkerConfig:
         overrides = {
@@ -45,11 +46,7 @@ def start_tenant(volume: Path) -> Iterator[StartTenant]:
             "shared": {"enabled": True, "path": str(volume / "shared")},
         }
         config = worker_config(volume / pod, tenant, **overrides)
-        sidecar = Sidecar(config.kvtier, block_bytes=BLOCK_BYTES, metrics_port=0, tenant=tenant)
-        sidecar.start()
-        started.append(sidecar)
+        start_sidecar(config.kvtier, BLOCK_BYTES, tenant)
         return config
 
-    yield start
-    for sidecar in started:
-        sidecar.stop()
+    return start
