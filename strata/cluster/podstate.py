@@ -81,7 +81,8 @@ def container_stuck(entry: Mapping[str, Any], init: bool) -> str | None:
     return None
 
 
-def _ready(status: Mapping[str, Any]) -> bool:
+def ready_condition(status: Mapping[str, Any]) -> bool:
+    """Whether a pod's status carries Ready=True."""
     conditions = status.get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
@@ -95,4 +96,4 @@ def classify(pod: Mapping[str, Any]) -> PodState:
     for init, entry in _entries(pod):
         if (why := container_stuck(entry, init)) is not None:
             return PodState("stuck", entry.get("name", ""), why)
-    return PodState("ready") if _ready(status) else PodState("progressing")
+    return PodState("ready") if ready_condition(status) else PodState("progressing")

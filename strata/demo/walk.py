@@ -23,6 +23,7 @@ from typing import Any
 from strata import stack
 from strata.cluster.cluster import Cluster
 from strata.cluster.podruntime.status import container_statuses
+from strata.cluster.podstate import ready_condition
 from strata.common.tiers import TIERS
 from strata.demo import dataplane
 from strata.worker.config import WorkerConfig
@@ -72,8 +73,7 @@ def restarted_and_ready(pod: Mapping[str, Any], before: Mapping[str, int]) -> bo
         state = by_name.get(name) or {}
         if int(state.get("restartCount", 0)) <= count or not state.get("ready"):
             return False
-    conditions = status.get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready_condition(status)
 
 
 def replaced_and_ready(pods: Sequence[Mapping[str, Any]], old_uid: str) -> bool:
