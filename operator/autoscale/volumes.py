@@ -9,6 +9,7 @@ again (``changes``: pure)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,8 +66,10 @@ class VolumeWatch:
     full: dict[str, Full] = field(default_factory=dict)
 
     async def report(self, isvc: Mapping[str, Any], pods: Sequence[PodRef], events: EventSink) -> None:
-        for pod in pods:
-            text = await self.get_text(metrics_url(pod.ip, SIDECAR_PORT))
+        # All pods at once, as the worker scrape does: one slow sidecar must not hold the others
+        # (get_text bounds how many run together).
+        texts = await asyncio.gather(*(self.get_text(metrics_url(p.ip, SIDECAR_PORT)) for p in pods))
+        for pod, text in zip(pods, texts, strict=True):
             if text is None:  # no sidecar, or not answering this time: no news
                 continue
             now = full_tiers(text)
